@@ -1,0 +1,1 @@
+"""trainyard: a Pulumi program that bootstraps a GPU training platform on AWS EKS."""

@@ -1,0 +1,71 @@
+"""What the cloud layer hands to the platform layer: one typed context, like pulumi-eks' CoreData."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainyard.config.instance_types import GpuModel
+from trainyard.config.model import PoolRole, Taint
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    """A node pool as add-ons and jobs see it: how to land on it and what each node offers."""
+
+    name: str
+    role: PoolRole
+    node_labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    zones: tuple[str, ...]
+    gpu: GpuModel | None = None
+    gpus_per_node: int = 0
+    mig_layout: str | None = None
+    efa_interfaces: int = 0
+    nvme_devices: int = 0
+    # GPU pools are launched by Karpenter from these; managed node groups need none of them here.
+    instance_types: tuple[str, ...] = ()
+    capacity_types: tuple[str, ...] = ()
+    max_nodes: int = 0
+    root_volume_gib: int = 100
+    user_data: str = ""
+    placement_group: pulumi.Input[str] | None = None
+
+    @property
+    def karpenter(self) -> bool:
+        return self.role == "gpu"
+
+
+@dataclass(frozen=True)
+class KarpenterFacts:
+    """What Karpenter's chart and node classes need from AWS."""
+
+    interruption_queue: pulumi.Input[str]
+    node_role: pulumi.Input[str]
+    # Subnets and security groups carry `karpenter.sh/discovery=<this>`; EC2NodeClasses select by it.
+    discovery_tag: pulumi.Input[str]
+    ami_alias: str
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    name: pulumi.Input[str]
+    provider: k8s.Provider
+    # Everything in-cluster is `deleted_with` this resource (the EKS cluster); None on the local target.
+    cluster: pulumi.Resource | None
+    # API server host and port for Cilium's kube-proxy replacement (no kube-proxy to find it otherwise).
+    api_server_host: pulumi.Input[str] | None
+    api_server_port: int
+    pools: tuple[PoolFacts, ...]
+    region: str | None = None
+    kubeconfig: pulumi.Output[str] | None = None
+    dataset_bucket: pulumi.Input[str] | None = None
+    checkpoint_bucket: pulumi.Input[str] | None = None
+    karpenter: KarpenterFacts | None = None
+    # In-cluster work waits for these: access entries, the system node group.
+    ready: tuple[pulumi.Resource, ...] = field(default_factory=tuple)
+
+    def pools_with(self, role: PoolRole) -> tuple[PoolFacts, ...]:
+        return tuple(p for p in self.pools if p.role == role)

@@ -1,0 +1,92 @@
+"""The EC2 instance types trainyard supports, with the facts validation and cost estimates need.
+
+Figures are from the AWS instance-type pages (accelerated computing and storage optimized families).
+Hourly prices are us-east-1 Linux on-demand list prices, see ``PRICE_SOURCE``; spot is estimated from them
+with the stack's configured discount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+PRICE_SOURCE = "AWS EC2 on-demand pricing, us-east-1, Linux, list prices as published 2026-06 (check before budgeting)"
+
+
+class GpuModel(StrEnum):
+    A100_40GB = "A100-40GB"
+    A100_80GB = "A100-80GB"
+    H100_80GB = "H100-80GB"
+    H200_141GB = "H200-141GB"
+    A10G = "A10G-24GB"
+    L4 = "L4-24GB"
+    L40S = "L40S-48GB"
+
+    @property
+    def mig_capable(self) -> bool:
+        return self in _MIG_CAPABLE
+
+
+_MIG_CAPABLE = frozenset({GpuModel.A100_40GB, GpuModel.A100_80GB, GpuModel.H100_80GB, GpuModel.H200_141GB})
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceType:
+    name: str
+    vcpu: int
+    memory_gib: int
+    on_demand_hourly_usd: float
+    gpu: GpuModel | None = None
+    gpu_count: int = 0
+    gpu_memory_gib: int = 0
+    nvme_devices: int = 0
+    nvme_device_gb: int = 0
+    efa_interfaces: int = 0
+
+    @property
+    def nvme_total_gb(self) -> int:
+        return self.nvme_devices * self.nvme_device_gb
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+def _gpu(name: str, gpu: GpuModel, count: int, mem: int, vcpu: int, ram: int, nvme: tuple[int, int], efa: int,
+         price: float) -> InstanceType:
+    return InstanceType(name=name, vcpu=vcpu, memory_gib=ram, on_demand_hourly_usd=price, gpu=gpu, gpu_count=count,
+                        gpu_memory_gib=mem, nvme_devices=nvme[0], nvme_device_gb=nvme[1], efa_interfaces=efa)
+
+
+def _cpu(name: str, vcpu: int, ram: int, price: float, nvme: tuple[int, int] = (0, 0)) -> InstanceType:
+    return InstanceType(name=name, vcpu=vcpu, memory_gib=ram, on_demand_hourly_usd=price,
+                        nvme_devices=nvme[0], nvme_device_gb=nvme[1])
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    it.name: it
+    for it in (
+        # Training: SXM parts with NVSwitch, EFA and NVMe instance store.
+        _gpu("p4d.24xlarge", GpuModel.A100_40GB, 8, 40, 96, 1152, (8, 1000), 4, 21.96),
+        _gpu("p4de.24xlarge", GpuModel.A100_80GB, 8, 80, 96, 1152, (8, 1000), 4, 27.45),
+        _gpu("p5.48xlarge", GpuModel.H100_80GB, 8, 80, 192, 2048, (8, 3840), 32, 55.04),
+        _gpu("p5e.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 32, 61.39),
+        _gpu("p5en.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 16, 63.30),
+        # Development and small jobs.
+        _gpu("g5.xlarge", GpuModel.A10G, 1, 24, 4, 16, (1, 250), 0, 1.006),
+        _gpu("g5.12xlarge", GpuModel.A10G, 4, 24, 48, 192, (1, 3800), 0, 5.672),
+        _gpu("g5.48xlarge", GpuModel.A10G, 8, 24, 192, 768, (2, 3800), 1, 16.288),
+        _gpu("g6.xlarge", GpuModel.L4, 1, 24, 4, 16, (1, 250), 0, 0.805),
+        _gpu("g6.12xlarge", GpuModel.L4, 4, 24, 48, 192, (4, 940), 0, 4.602),
+        _gpu("g6e.xlarge", GpuModel.L40S, 1, 48, 4, 32, (1, 250), 0, 1.861),
+        _gpu("g6e.12xlarge", GpuModel.L40S, 4, 48, 48, 384, (2, 1900), 0, 10.493),
+        # System pool: controllers, Prometheus, Ceph mons and mgrs.
+        _cpu("m7i.xlarge", 4, 16, 0.2016),
+        _cpu("m7i.2xlarge", 8, 32, 0.4032),
+        _cpu("m7i.4xlarge", 16, 64, 0.8064),
+        # Storage pool: raw NVMe instance store for Ceph OSDs.
+        _cpu("i4i.2xlarge", 8, 64, 0.686, (1, 1875)),
+        _cpu("i4i.4xlarge", 16, 128, 1.373, (1, 3750)),
+        _cpu("i4i.8xlarge", 32, 256, 2.746, (2, 3750)),
+    )
+}

@@ -1,0 +1,132 @@
+"""Read the stack's configuration once, validate all of it, and report every problem in one message."""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pydantic
+from pydantic import BaseModel
+from pulumi.runtime import config as runtime_config
+
+from trainyard.config import rules
+from trainyard.config.mig import load_mig_catalog
+from trainyard.config.model import Settings
+from trainyard.paths import TRAINER_CONFIGS_DIR
+
+# Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
+SECRET_KEYS = ("grafanaAdminPassword",)
+
+
+@dataclass(frozen=True)
+class Secrets:
+    grafana_admin_password: pulumi.Output[str] | None
+
+
+class ConfigError(pulumi.RunError):
+    """A stack file with problems. `pulumi up` prints a RunError without a Python traceback."""
+
+    def __init__(self, project: str, stack: str, problems: list[rules.Problem]) -> None:
+        self.problems = problems
+        lines = [f"  - {project}:{p.path}: {p.message}" for p in problems]
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(f"stack {stack!r} has {len(problems)} configuration {noun}; nothing was created:\n"
+                         + "\n".join(lines))
+
+
+def load_settings() -> tuple[Settings, Secrets]:
+    """The current stack's Settings and Secrets, or ConfigError listing every problem."""
+    project, stack = pulumi.get_project(), pulumi.get_stack()
+    raw = _raw_config(project)
+    settings = parse_settings(project, stack, raw)
+    config = pulumi.Config(project)
+    return settings, Secrets(grafana_admin_password=config.get_secret("grafanaAdminPassword"))
+
+
+def parse_settings(project: str, stack: str, raw: Mapping[str, Any]) -> Settings:
+    """Validate a stack's `project:*` values (already without the prefix) into Settings."""
+    data = {k: v for k, v in raw.items() if k not in SECRET_KEYS}
+    try:
+        settings = Settings.model_validate({"project": project, "stack": stack, **data})
+    except pydantic.ValidationError as exc:
+        raise ConfigError(project, stack, [_problem(e) for e in exc.errors()]) from None
+    problems = rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
+    if problems:
+        raise ConfigError(project, stack, problems)
+    return settings
+
+
+def _raw_config(project: str) -> dict[str, Any]:
+    values = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    prefix = f"{project}:"
+    return {k[len(prefix):]: _decode(v) for k, v in values.items() if k.startswith(prefix)}
+
+
+def _decode(value: Any) -> Any:
+    """The engine hands objects and lists over as JSON text, scalars as plain strings."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _problem(error: Any) -> rules.Problem:
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden":
+        allowed = _keys_at(Settings, loc[:-1])
+        return rules.Problem(key_path(loc), "unknown key (a typo?); allowed here: " + ", ".join(allowed))
+    if error["type"] == "missing":
+        return rules.Problem(key_path(loc), "is required")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    value = error.get("input")
+    shown = f" (got {json.dumps(value)})" if isinstance(value, str | int | float | bool) else ""
+    return rules.Problem(key_path(loc), message + shown)
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The camelCase keys a model accepts at `loc`, for 'did you mean' style errors."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(part, str) and isinstance(current, type) and issubclass(current, BaseModel):
+            field = next((f for f in current.model_fields.values() if f.alias == part), None)
+            if field is None:
+                return []
+            current = field.annotation
+        elif isinstance(part, int):
+            current = _item_type(current)
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(f.alias or n for n, f in current.model_fields.items() if n not in ("project", "stack"))
+    return []
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Optional/Annotated so the model class shows through."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        else:
+            return tp
+
+
+def _item_type(tp: Any) -> Any:
+    args = typing.get_args(_unwrap(tp))
+    return args[0] if args else tp

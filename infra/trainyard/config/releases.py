@@ -1,0 +1,38 @@
+"""Pinned releases per supported Kubernetes version: node AMIs and EKS-managed add-ons.
+
+Bump together, after `aws eks describe-addon-versions --kubernetes-version X` and the EKS AMI release notes agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesRelease:
+    version: str
+    # EKS-optimized AL2023 AMI release (the same date stamp for the standard and NVIDIA variants).
+    ami_release: str
+    # The managed node group `release_version` of that AMI (Kubernetes patch + date stamp).
+    node_group_release: str
+    coredns: str
+    ebs_csi_driver: str
+    pod_identity_agent: str
+    snapshot_controller: str
+
+    @property
+    def karpenter_ami_alias(self) -> str:
+        """Karpenter picks the NVIDIA variant of this AMI by itself for GPU instance types."""
+        return f"al2023@v{self.ami_release}"
+
+
+
+KUBERNETES_RELEASES: dict[str, KubernetesRelease] = {
+    r.version: r
+    for r in (
+        KubernetesRelease("1.33", "20261103", "1.33.6-20261103", "v1.12.4-eksbuild.1", "v1.52.1-eksbuild.1", "v1.3.10-eksbuild.1",
+                          "v8.3.0-eksbuild.1"),
+        KubernetesRelease("1.34", "20261103", "1.34.2-20261103", "v1.12.4-eksbuild.1", "v1.52.1-eksbuild.1", "v1.3.10-eksbuild.1",
+                          "v8.3.0-eksbuild.1"),
+    )
+}

@@ -1,0 +1,266 @@
+"""Rules that relate several keys of a stack. Each returns problems with the key path they concern."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
+from trainyard.config.mig import MigCatalog
+from trainyard.config.model import Job, NodePool, Settings
+
+RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: str  # key path below the project namespace, e.g. "nodePools[1].minSize"
+    message: str
+
+
+def check(settings: Settings, mig: MigCatalog, trainer_configs: Path) -> list[Problem]:
+    """Every cross-key problem of a structurally valid stack, in key order."""
+    checks = (_target, _network, _node_pools, _addons, _buckets, _tenants)
+    problems = [p for rule in checks for p in rule(settings)]
+    problems += _mig_layouts(settings, mig)
+    problems += _workloads(settings, mig, trainer_configs)
+    return problems
+
+
+def _allowed(values: object) -> str:
+    return ", ".join(sorted(str(v) for v in values))  # type: ignore[attr-defined]
+
+
+def _duplicates(names: list[str]) -> set[str]:
+    return {n for n, count in Counter(names).items() if count > 1}
+
+
+def _target(s: Settings) -> Iterator[Problem]:
+    if s.target == "aws":
+        if s.aws is None:
+            yield Problem("aws", "is required when target is 'aws' (region, availabilityZones, adminPrincipalArns)")
+        if s.local is not None:
+            yield Problem("local", "is only allowed when target is 'local'")
+        if s.environment == "local":
+            yield Problem("environment", "'local' requires target 'local'")
+    else:
+        if s.aws is not None:
+            yield Problem("aws", "is not allowed when target is 'local': the local stack creates no AWS resource")
+        if s.environment != "local":
+            yield Problem("target", f"'local' is only allowed for environment 'local', not {s.environment!r}")
+    if s.aws is None:
+        return
+    for i, zone in enumerate(s.aws.availability_zones):
+        if not (zone.startswith(s.aws.region) and len(zone) == len(s.aws.region) + 1):
+            yield Problem(f"aws.availabilityZones[{i}]", f"{zone!r} is not a zone of region {s.aws.region!r}")
+    for zone in _duplicates(s.aws.availability_zones):
+        yield Problem("aws.availabilityZones", f"{zone!r} is listed twice")
+    if s.environment == "prod" and len(s.aws.availability_zones) < 3:
+        yield Problem("aws.availabilityZones", "prod needs at least 3 availability zones")
+
+
+def _network(s: Settings) -> Iterator[Problem]:
+    vpc = ipaddress.IPv4Network(s.network.vpc_cidr)
+    service = ipaddress.IPv4Network(s.network.service_cidr)
+    if not 16 <= vpc.prefixlen <= 20:
+        yield Problem("network.vpcCidr", f"{vpc} must be between /16 and /20 to hold a public and a private "
+                                         "subnet per zone with room for pod IPs")
+    if vpc.overlaps(service):
+        yield Problem("network.serviceCidr", f"{service} overlaps network.vpcCidr {vpc}")
+    for i, cidr in enumerate(s.network.public_access_cidrs):
+        if s.environment == "prod" and ipaddress.IPv4Network(cidr).prefixlen == 0:
+            yield Problem(f"network.publicAccessCidrs[{i}]", "prod may not open the API endpoint to 0.0.0.0/0")
+
+
+def _pool_types(pool: NodePool) -> list[InstanceType]:
+    return [INSTANCE_TYPES[t] for t in pool.instance_types if t in INSTANCE_TYPES]
+
+
+def _node_pools(s: Settings) -> Iterator[Problem]:
+    if s.target == "local" and s.node_pools:
+        yield Problem("nodePools", "must be empty when target is 'local': the local cluster brings its own nodes")
+        return
+    for name in _duplicates([p.name for p in s.node_pools]):
+        yield Problem("nodePools", f"pool name {name!r} is used more than once")
+    if s.target == "aws" and len(s.pools("system")) != 1:
+        yield Problem("nodePools", "an AWS stack needs exactly one pool with role 'system' for the controllers")
+    zones = set(s.aws.availability_zones) if s.aws else set()
+    for i, pool in enumerate(s.node_pools):
+        yield from _node_pool(f"nodePools[{i}]", pool, zones)
+
+
+def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
+    for j, name in enumerate(pool.instance_types):
+        if name not in INSTANCE_TYPES:
+            yield Problem(f"{at}.instanceTypes[{j}]", f"unknown instance type {name!r}; allowed: "
+                                                       f"{_allowed(INSTANCE_TYPES)}")
+    types = _pool_types(pool)
+    if pool.min_size > pool.desired_size:
+        yield Problem(f"{at}.minSize", f"{pool.min_size} is greater than desiredSize {pool.desired_size}")
+    if pool.desired_size > pool.max_size:
+        yield Problem(f"{at}.desiredSize", f"{pool.desired_size} is greater than maxSize {pool.max_size}")
+    if len(set(pool.capacity_types)) != len(pool.capacity_types):
+        yield Problem(f"{at}.capacityTypes", "lists a capacity type twice")
+    if pool.role == "gpu":
+        if any(t.gpu is None for t in types):
+            yield Problem(f"{at}.instanceTypes", "a 'gpu' pool may only list GPU instance types")
+        if len({t.gpu for t in types}) > 1:
+            yield Problem(f"{at}.instanceTypes", "all instance types of a pool must carry the same GPU model, "
+                                                 f"got {_allowed({str(t.gpu) for t in types})}")
+        if pool.min_size != 0:
+            yield Problem(f"{at}.minSize", "GPU pools are provisioned by Karpenter and scale from zero: must be 0")
+    else:
+        if any(t.gpu is not None for t in types):
+            yield Problem(f"{at}.instanceTypes", f"a {pool.role!r} pool may not use GPU instance types")
+        if len(pool.capacity_types) != 1:
+            yield Problem(f"{at}.capacityTypes", "managed node groups take exactly one of: on-demand, spot")
+        if pool.mig_layout is not None:
+            yield Problem(f"{at}.migLayout", "only 'gpu' pools can have a MIG layout")
+    if pool.role == "storage" and any(t.nvme_devices == 0 for t in types):
+        yield Problem(f"{at}.instanceTypes", "a 'storage' pool needs NVMe instance store for Ceph OSDs; "
+                                             "choose from: " + _allowed(n for n, t in INSTANCE_TYPES.items()
+                                                                       if t.gpu is None and t.nvme_devices))
+    if pool.efa:
+        for j, t in enumerate(types):
+            if t.efa_interfaces == 0:
+                yield Problem(f"{at}.efa", f"{t.name} (instanceTypes[{j}]) has no EFA interface; EFA-capable: "
+                                           + _allowed(n for n, it in INSTANCE_TYPES.items() if it.efa_interfaces))
+        if pool.role != "gpu":
+            yield Problem(f"{at}.efa", "EFA is only configured on 'gpu' pools")
+    if pool.zones is not None:
+        for j, zone in enumerate(pool.zones):
+            if zones and zone not in zones:
+                yield Problem(f"{at}.zones[{j}]", f"{zone!r} is not one of aws.availabilityZones: {_allowed(zones)}")
+    if pool.placement_group and (pool.zones is None or len(pool.zones) != 1):
+        yield Problem(f"{at}.placementGroup", "a cluster placement group lives in one zone: set exactly one entry "
+                                              "in zones")
+
+
+def _mig_layouts(s: Settings, mig: MigCatalog) -> Iterator[Problem]:
+    for i, pool in enumerate(s.node_pools):
+        if pool.mig_layout is None or pool.role != "gpu":
+            continue
+        at = f"nodePools[{i}].migLayout"
+        for gpu in {t.gpu for t in _pool_types(pool) if t.gpu is not None}:
+            if not gpu.mig_capable:
+                yield Problem(at, f"{gpu} GPUs do not support MIG; MIG-capable instance types: "
+                                  + _allowed(n for n, t in INSTANCE_TYPES.items() if t.gpu and t.gpu.mig_capable))
+            elif pool.mig_layout not in mig.layouts:
+                yield Problem(at, f"unknown MIG layout {pool.mig_layout!r}; layouts in "
+                                  f"platform/gpu-operator/mig-layouts.yaml: {_allowed(mig.layouts)}")
+            elif not mig.supports(pool.mig_layout, gpu):
+                yield Problem(at, f"layout {pool.mig_layout!r} has no geometry for {gpu}; layouts for it: "
+                                  + _allowed(n for n in mig.layouts if mig.supports(n, gpu)))
+
+
+def _addons(s: Settings) -> Iterator[Problem]:
+    a = s.addons
+    if s.target == "aws" and not a.cilium.enabled:
+        yield Problem("addons.cilium.enabled", "must be true on AWS: the cluster is created without aws-node and "
+                                               "kube-proxy, so Cilium is the only CNI")
+    if s.target == "local":
+        for key, on in (("gpuOperator", a.gpu_operator.enabled), ("rookCeph", a.rook_ceph.enabled),
+                        ("alluxio", a.alluxio.enabled)):
+            if on:
+                yield Problem(f"addons.{key}.enabled", "must be false for target 'local' (CPU only, no NVMe)")
+    if s.target == "aws" and a.rook_ceph.enabled:
+        storage = s.pools("storage")
+        if not storage:
+            yield Problem("addons.rookCeph.enabled", "needs a node pool with role 'storage' for the OSDs")
+        elif a.rook_ceph.failure_domain == "host" and storage[0].min_size < a.rook_ceph.replicas:
+            yield Problem("addons.rookCeph.replicas", f"{a.rook_ceph.replicas} replicas across hosts need the "
+                                                      f"storage pool's minSize >= {a.rook_ceph.replicas}, "
+                                                      f"it is {storage[0].min_size}")
+        if s.environment == "prod" and a.rook_ceph.replicas < 3:
+            yield Problem("addons.rookCeph.replicas", "prod keeps at least 3 replicas")
+    if a.alluxio.enabled and not s.pools("gpu"):
+        yield Problem("addons.alluxio.enabled", "the dataset cache runs on GPU nodes' NVMe: add a 'gpu' pool")
+
+
+def _buckets(s: Settings) -> Iterator[Problem]:
+    if s.environment == "prod" and not s.buckets.protect:
+        yield Problem("buckets.protect", "prod buckets are always protected: must be true")
+    if s.environment == "prod" and s.buckets.force_destroy:
+        yield Problem("buckets.forceDestroy", "prod buckets may never be force-destroyed: must be false")
+
+
+def _tenants(s: Settings) -> Iterator[Problem]:
+    for name in _duplicates([t.name for t in s.tenants]):
+        yield Problem("tenants", f"tenant name {name!r} is used more than once")
+    for ns in _duplicates([t.namespace_name for t in s.tenants]):
+        yield Problem("tenants", f"namespace {ns!r} is used by more than one tenant")
+    defaults = [i for i, t in enumerate(s.tenants) if t.default]
+    for i in defaults[1:]:
+        yield Problem(f"tenants[{i}].default", f"at most one tenant may be the default; tenants[{defaults[0]}] "
+                                               "already is")
+    for i, t in enumerate(s.tenants):
+        if t.namespace_name in RESERVED_NAMESPACES:
+            yield Problem(f"tenants[{i}].namespace", f"{t.namespace_name!r} is reserved by Kubernetes")
+        if t.quota is not None and t.quota.gpu < t.capability.gpu:
+            yield Problem(f"tenants[{i}].quota.gpu", f"{t.quota.gpu} is below the queue capability "
+                                                     f"{t.capability.gpu}: the queue could never be used fully")
+
+
+def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[Problem]:
+    for name in _duplicates([j.name for j in s.workloads]):
+        yield Problem("workloads", f"job name {name!r} is used more than once")
+    if s.workloads and not s.addons.volcano.enabled:
+        yield Problem("addons.volcano.enabled", "training jobs are Volcano jobs: must be true when workloads exist")
+    tenants = {t.name for t in s.tenants}
+    pools = {p.name: p for p in s.node_pools}
+    for i, job in enumerate(s.workloads):
+        at = f"workloads[{i}]"
+        if job.tenant not in tenants:
+            yield Problem(f"{at}.tenant", f"unknown tenant {job.tenant!r}; tenants: {_allowed(tenants) or 'none'}")
+        if job.min_nodes > job.max_nodes:
+            yield Problem(f"{at}.minNodes", f"{job.min_nodes} is greater than maxNodes {job.max_nodes}")
+        if job.kind in ("smoke", "mig") and job.max_nodes != 1:
+            yield Problem(f"{at}.maxNodes", f"a {job.kind!r} job runs on one node: must be 1")
+        if job.autoscaling.enabled and (job.kind != "elastic" or not s.addons.monitoring.enabled):
+            yield Problem(f"{at}.autoscaling.enabled", "autoscaling needs an 'elastic' job and monitoring enabled")
+        if not (trainer_configs / job.trainer_config).is_file():
+            yield Problem(f"{at}.trainerConfig", f"{job.trainer_config!r} is not a file in workloads/configs/; "
+                                                 f"available: {_allowed(p.name for p in trainer_configs.glob('*.yaml'))}")
+        if s.target == "local":
+            if job.node_pool is not None:
+                yield Problem(f"{at}.nodePool", "must be unset for target 'local'")
+            if job.gpus_per_node or job.mig_profile:
+                yield Problem(f"{at}.gpusPerNode", "the local stack is CPU only: must be 0 with no migProfile")
+            continue
+        if job.node_pool not in pools:
+            yield Problem(f"{at}.nodePool", f"unknown pool {job.node_pool!r}; GPU pools: "
+                                            f"{_allowed(p.name for p in s.pools('gpu')) or 'none'}")
+            continue
+        yield from _job_on_pool(at, job, pools[job.node_pool], mig)
+
+
+def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator[Problem]:
+    if pool.role != "gpu":
+        yield Problem(f"{at}.nodePool", f"{pool.name!r} is a {pool.role!r} pool; training runs on 'gpu' pools")
+        return
+    if job.max_nodes > pool.max_size:
+        yield Problem(f"{at}.maxNodes", f"{job.max_nodes} exceeds pool {pool.name!r} maxSize {pool.max_size}")
+    types = _pool_types(pool)
+    gpu_count = min((t.gpu_count for t in types), default=0)
+    gpu = types[0].gpu if types else None
+    partitioned = pool.mig_layout is not None and gpu is not None and bool(mig.slices(pool.mig_layout, gpu))
+    if job.kind == "mig":
+        if job.gpus_per_node:
+            yield Problem(f"{at}.gpusPerNode", "a 'mig' job requests a MIG slice (migProfile), not whole GPUs: "
+                                               "must be 0")
+        profiles = dict(mig.slices(pool.mig_layout, gpu)) if partitioned and pool.mig_layout and gpu else {}
+        if job.mig_profile not in profiles:
+            yield Problem(f"{at}.migProfile", f"{job.mig_profile!r} is not a slice of pool {pool.name!r} "
+                                              f"(layout {pool.mig_layout}); slices: {_allowed(profiles) or 'none'}")
+        return
+    if job.mig_profile is not None:
+        yield Problem(f"{at}.migProfile", f"only 'mig' jobs take a migProfile, this is a {job.kind!r} job")
+    if not 1 <= job.gpus_per_node <= gpu_count:
+        yield Problem(f"{at}.gpusPerNode", f"must be between 1 and {gpu_count} (GPUs per node in pool "
+                                           f"{pool.name!r})")
+    if partitioned:
+        yield Problem(f"{at}.nodePool", f"pool {pool.name!r} partitions its GPUs with MIG layout "
+                                        f"{pool.mig_layout!r}; whole-GPU jobs need a pool without MIG")

@@ -1,0 +1,26 @@
+"""Names shared across layers: the cloud layer grants IAM to service accounts the platform layer creates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccountRef:
+    namespace: str
+    name: str
+
+
+# Label every node carries with its pool role; add-ons select system, storage or GPU nodes by it.
+ROLE_LABEL = "trainyard.io/role"
+POOL_LABEL = "trainyard.io/pool"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+KARPENTER = ServiceAccountRef("kube-system", "karpenter")
+EBS_CSI = ServiceAccountRef("kube-system", "ebs-csi-controller-sa")
+CILIUM_OPERATOR = ServiceAccountRef("kube-system", "cilium-operator")
+# The trainer's service account exists in every tenant namespace; the role it gets writes checkpoints.
+TRAINER_SERVICE_ACCOUNT = "trainer"
+# Alluxio workers read the dataset bucket; Fluid runs them in the dataset namespace.
+DATASET_NAMESPACE = "trainyard-data"
+ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "alluxio")

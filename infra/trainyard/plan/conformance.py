@@ -1,0 +1,323 @@
+"""Conformance of rendered objects and Helm values against upstream schemas.
+
+Two checks, both pure functions returning a list of `Problem`s (empty = conformant):
+
+* `check_manifest`: built-in kinds against Kubernetes' own OpenAPI-derived schemas (kubernetes-validate,
+  strict: unknown fields fail); custom resources against the CRD JSON schemas in
+  `<shared>/upstream/crds/<group>/<kind>_<version>.json`. An object with no schema is a problem, never a pass.
+* `check_helm_values`: every key path we set must exist in the chart's upstream `values.yaml` (subcharts
+  addressed by their dependency key), except inside free-form maps (see `_is_free_form`); values are also
+  validated against `values.schema.json` where the chart (or subchart) ships one, after Helm-style merging
+  over the defaults. A chart/version without upstream data is reported as MISSING_UPSTREAM, not as key errors.
+
+The upstream data lives next to the repository (`../shared`); `shared_dir(repo_root)` finds it and callers
+skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+from kubernetes_validate.utils import SchemaNotFoundError, all_versions
+from packaging.version import Version
+
+from trainyard.platform.catalogue import deep_merge
+
+# Problem kinds: schema/key violations vs. data we could not check at all.
+INVALID = "invalid"
+UNKNOWN_KEY = "unknown-key"
+MISSING_SCHEMA = "missing-schema"
+MISSING_UPSTREAM = "missing-upstream"
+
+# Maps whose keys are data rather than chart options: Kubernetes label/annotation/selector maps, resource
+# quantities, and pass-through args/env. Upstream often ships them non-empty (karpenter's nodeSelector is
+# {kubernetes.io/os: linux}), so "key exists upstream" would wrongly reject our own entries.
+_FREE_FORM_KEYS = frozenset(("resources", "extraArgs", "extraEnv", "env", "global"))
+_FREE_FORM_SUFFIXES = ("labels", "annotations", "nodeselector")
+# Keys a chart reads but its values.yaml only shows as a commented-out example, so the key-exists rule cannot
+# see them. Kept explicit and minimal: chart -> dotted key paths accepted with any sub-keys.
+_COMMENTED_UPSTREAM_KEYS: Mapping[str, frozenset[str]] = {
+    # values.yaml v26.7.0, dcgmExporter: "config: name / create / data" (custom metrics ConfigMap).
+    "gpu-operator": frozenset(("dcgmExporter.config",)),
+}
+# Values a chart copies verbatim into a custom resource's spec: checked against that CRD's `spec` schema (far
+# stricter than the example in values.yaml, which omits most optional fields). chart -> top-level key ->
+# (CRD schema file under upstream/crds, whether the value is a list of {name, spec, ...} items).
+_CRD_PASSTHROUGH: Mapping[str, Mapping[str, tuple[str, bool]]] = {
+    "rook-ceph-cluster": {
+        "cephClusterSpec": ("ceph.rook.io/cephcluster_v1.json", False),
+        "cephBlockPools": ("ceph.rook.io/cephblockpool_v1.json", True),
+        "cephFileSystems": ("ceph.rook.io/cephfilesystem_v1.json", True),
+        "cephObjectStores": ("ceph.rook.io/cephobjectstore_v1.json", True),
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    where: str  # file or object, e.g. "Deployment/ns/name" or "helm/cilium"
+    path: str  # dotted path inside it ("" for the whole thing)
+    message: str
+    kind: str = INVALID
+
+    def __str__(self) -> str:
+        location = f"{self.where}:{self.path}" if self.path else self.where
+        return f"{location}: [{self.kind}] {self.message}"
+
+
+def repo_root() -> Path:
+    """The repository this module lives in (infra/trainyard/plan/conformance.py -> repo root)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def shared_dir(root: Path) -> Path:
+    """Upstream data and research notes sit beside the repository, not in it."""
+    return root.resolve().parent / "shared"
+
+
+def kubernetes_schema_version(cluster_version: str) -> str:
+    """Newest Kubernetes schema set shipped by kubernetes-validate that is not newer than the cluster."""
+    wanted = Version(cluster_version.removeprefix("v"))
+    wanted_minor = (wanted.major, wanted.minor)
+    shipped = sorted({Version(v) for v in all_versions()})
+    usable = [v for v in shipped if (v.major, v.minor) <= wanted_minor]
+    if not usable:
+        raise ValueError(f"kubernetes-validate ships no schemas at or below Kubernetes {cluster_version}")
+    return str(usable[-1])
+
+
+# --------------------------------------------------------------------------------------------- manifests
+
+
+def check_manifest(obj: Mapping[str, Any], k8s_version: str, *, shared: Path | None = None) -> list[Problem]:
+    """Validate one full Kubernetes object (built-in or custom resource)."""
+    where = _object_name(obj)
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return [Problem(where, "", "object needs string apiVersion and kind", INVALID)]
+    group, _, version = api_version.rpartition("/")
+    crd_group_dir = (shared or shared_dir(repo_root())) / "upstream" / "crds" / group
+    if group and crd_group_dir.is_dir():
+        return _check_custom_resource(obj, where, crd_group_dir / f"{kind.lower()}_{version}.json")
+    return _check_builtin(obj, where, k8s_version)
+
+
+def _object_name(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        metadata = {}
+    parts = [str(obj.get("kind", "?")), str(metadata.get("namespace", "")), str(metadata.get("name", "?"))]
+    return "/".join(p for p in parts if p)
+
+
+def _check_builtin(obj: Mapping[str, Any], where: str, k8s_version: str) -> list[Problem]:
+    schema_version = kubernetes_schema_version(k8s_version)
+    try:
+        kubernetes_validate.validate(dict(obj), schema_version, strict=True)
+    except SchemaNotFoundError:
+        return [Problem(where, "", f"no schema for {obj['apiVersion']} {obj['kind']}: neither a Kubernetes "
+                        f"{schema_version} kind nor a CRD in the shared upstream data", MISSING_SCHEMA)]
+    except kubernetes_validate.ValidationError as err:
+        # kubernetes-validate stops at the first error; one per object is enough to fail a plan.
+        return [Problem(where, _dotted(err.absolute_path), err.message, INVALID)]
+    return []
+
+
+def _check_custom_resource(obj: Mapping[str, Any], where: str, schema_path: Path) -> list[Problem]:
+    if not schema_path.is_file():
+        return [Problem(where, "", f"no CRD schema {schema_path.parent.name}/{schema_path.name} for "
+                        f"{obj['apiVersion']} {obj['kind']}", MISSING_SCHEMA)]
+    validator = _validator(schema_path)
+    return [Problem(where, _dotted(err.absolute_path), err.message, INVALID)
+            for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+@cache
+def _validator(schema_path: Path) -> jsonschema.protocols.Validator:
+    return _validator_for(_load_json_or_yaml(schema_path))
+
+
+def _validator_for(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
+    # The schema's own $schema picks the draft; the kubeconform-style CRD files carry none (draft 7 rules).
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    return cls(schema)
+
+
+# ------------------------------------------------------------------------------------------- helm values
+
+
+def check_helm_values(release: Mapping[str, Any], *, shared: Path | None = None) -> list[Problem]:
+    """Check a rendered release `{name, namespace, chart, repository, version, values}` against upstream."""
+    where = f"helm/{release.get('name', '?')}"
+    chart, version = str(release.get("chart", "")), str(release.get("version", ""))
+    values = release.get("values") or {}
+    if not isinstance(values, Mapping):
+        return [Problem(where, "values", "values must be a map", INVALID)]
+    chart_dir = (shared or shared_dir(repo_root())) / "upstream" / "charts" / chart / version
+    if not (chart_dir / "values.yaml").is_file():
+        return [Problem(where, "", f"no upstream data for chart {chart} {version} "
+                        f"(expected {chart_dir}/values.yaml): cannot verify its values", MISSING_UPSTREAM)]
+    upstream = _upstream_chart(chart_dir)
+    documented = _COMMENTED_UPSTREAM_KEYS.get(chart, frozenset())
+    passthrough = _CRD_PASSTHROUGH.get(chart, {})
+    crds = (shared or shared_dir(repo_root())) / "upstream" / "crds"
+    problems: list[Problem] = []
+    for key, value in values.items():
+        if key in passthrough:
+            schema_file, is_list = passthrough[key]
+            problems.extend(_check_passthrough(where, key, value, crds / schema_file, is_list))
+        elif key in upstream.subcharts:
+            # The parent's block for a subchart only overrides the subchart's defaults: check against those.
+            parent_block = upstream.defaults.get(key) or {}
+            problems.extend(_check_subchart(where, key, value, upstream.subcharts[key], parent_block))
+        else:
+            problems.extend(_walk(where, (key,), value, upstream.defaults, upstream.schema, documented))
+    if upstream.validator is not None:
+        merged = deep_merge(upstream.defaults, values)
+        problems.extend(_schema_problems(where, "", upstream.validator, merged))
+    return problems
+
+
+@dataclass(frozen=True)
+class _UpstreamChart:
+    defaults: Mapping[str, Any]
+    schema: Mapping[str, Any] | None
+    validator: jsonschema.protocols.Validator | None
+    # dependency key (alias or name) -> its upstream data, None when the dependency is declared but not stored
+    subcharts: Mapping[str, _UpstreamChart | None]
+
+
+@cache
+def _upstream_chart(chart_dir: Path) -> _UpstreamChart:
+    defaults = _load_json_or_yaml(chart_dir / "values.yaml") or {}
+    schema_path = chart_dir / "values.schema.json"
+    schema = _load_json_or_yaml(schema_path) if schema_path.is_file() else None
+    validator = None if schema is None else _validator_for(schema)
+    subcharts: dict[str, _UpstreamChart | None] = {}
+    chart_yaml = chart_dir / "Chart.yaml"
+    metadata = _load_json_or_yaml(chart_yaml) if chart_yaml.is_file() else None
+    dependencies = (metadata or {}).get("dependencies") or []
+    for dependency in dependencies:
+        sub_dir = chart_dir / "charts" / dependency["name"]
+        key = dependency.get("alias") or dependency["name"]
+        subcharts[key] = _upstream_chart(sub_dir) if (sub_dir / "values.yaml").is_file() else None
+    return _UpstreamChart(defaults=defaults, schema=schema, validator=validator, subcharts=subcharts)
+
+
+def _check_passthrough(where: str, key: str, value: Any, schema_path: Path, is_list: bool) -> list[Problem]:
+    if not schema_path.is_file():
+        return [Problem(where, key, f"no CRD schema {schema_path.name} to check these values against",
+                        MISSING_SCHEMA)]
+    spec_schema = _load_json_or_yaml(schema_path)["properties"]["spec"]
+    validator = _validator_for(spec_schema)
+    if not is_list:
+        specs = [(key, value)]
+    elif isinstance(value, list):
+        specs = [(f"{key}.{i}.spec", item.get("spec", {}))
+                 for i, item in enumerate(value) if isinstance(item, dict)]
+    else:
+        return [Problem(where, key, f"expected a list, got {type(value).__name__}", INVALID)]
+    return [Problem(where, ".".join(p for p in (prefix, _dotted(err.absolute_path)) if p),
+                    f"{schema_path.name}: {err.message}", INVALID)
+            for prefix, spec in specs for err in validator.iter_errors(spec)]
+
+
+def _check_subchart(where: str, key: str, value: Any, sub: _UpstreamChart | None,
+                    parent_block: Mapping[str, Any]) -> list[Problem]:
+    if sub is None:
+        return [Problem(where, key, f"subchart {key!r} has no upstream values stored: cannot verify "
+                        "keys set under it", MISSING_UPSTREAM)]
+    if not isinstance(value, Mapping):
+        return [Problem(where, key, f"subchart values must be a map, got {type(value).__name__}", INVALID)]
+    # Keys may come from the subchart's defaults or the parent's block (e.g. a dependency `condition` such as
+    # grafana.enabled lives only in the parent's values.yaml).
+    known = deep_merge(sub.defaults, parent_block)
+    problems = [p for k, v in value.items()
+                for p in _walk(where, (key, k), v, known, sub.schema, frozenset(), depth=1)]
+    if sub.validator is not None:
+        problems.extend(_schema_problems(where, key, sub.validator, deep_merge(known, value)))
+    return problems
+
+
+def _walk(where: str, path: tuple[str, ...], value: Any, upstream_map: Mapping[str, Any],
+          schema: Mapping[str, Any] | None, documented: frozenset[str], depth: int = 0) -> Iterator[Problem]:
+    """Check the key at path[-1] (a child of upstream_map) and, for maps, everything below it.
+
+    `depth` is how many leading path elements address a subchart (they are not part of its schema paths).
+    """
+    key = path[-1]
+    dotted = ".".join(path)
+    if ".".join(path[depth:]) in documented:
+        return
+    if key not in upstream_map:
+        if not _schema_declares(schema, path[depth:]):
+            yield Problem(where, dotted, "key not in the chart's upstream values.yaml (nor declared by its "
+                          "values.schema.json)", UNKNOWN_KEY)
+        return
+    default = upstream_map[key]
+    if _is_free_form(key, default) or value is None:
+        return
+    if isinstance(default, Mapping):
+        if not isinstance(value, Mapping):
+            yield Problem(where, dotted, f"upstream is a map, got {type(value).__name__}", INVALID)
+            return
+        for child, child_value in value.items():
+            yield from _walk(where, (*path, str(child)), child_value, default, schema, documented, depth)
+    elif isinstance(value, Mapping):
+        yield Problem(where, dotted, f"upstream is a {type(default).__name__}, got a map: its keys would be "
+                      "ignored by the chart", INVALID)
+
+
+def _is_free_form(key: str, default: Any) -> bool:
+    """A map accepts any sub-keys when upstream leaves it open (null or {}) or it is a data map by name."""
+    if default is None or (isinstance(default, Mapping) and not default):
+        return True
+    return key in _FREE_FORM_KEYS or key.lower().endswith(_FREE_FORM_SUFFIXES)
+
+
+def _schema_declares(schema: Mapping[str, Any] | None, path: tuple[str, ...]) -> bool:
+    """True when values.schema.json names this exact key path under `properties` (any branch of *Of)."""
+    if schema is None:
+        return False
+    nodes: list[Mapping[str, Any]] = [schema]
+    for key in path:
+        next_nodes: list[Mapping[str, Any]] = []
+        for node in nodes:
+            for branch in (node, *node.get("anyOf", ()), *node.get("oneOf", ()), *node.get("allOf", ())):
+                child = branch.get("properties", {}).get(key)
+                if isinstance(child, Mapping):
+                    next_nodes.append(child)
+        if not next_nodes:
+            return False
+        nodes = next_nodes
+    return True
+
+
+def _schema_problems(where: str, prefix: str, validator: jsonschema.protocols.Validator,
+                     merged: Any) -> list[Problem]:
+    problems = []
+    for err in sorted(validator.iter_errors(merged), key=lambda e: list(map(str, e.absolute_path))):
+        path = ".".join(p for p in (prefix, _dotted(err.absolute_path)) if p)
+        problems.append(Problem(where, path, f"values.schema.json: {err.message}", INVALID))
+    return problems
+
+
+# -------------------------------------------------------------------------------------------------- util
+
+
+def _dotted(path: Any) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _load_json_or_yaml(path: Path) -> Any:
+    with path.open(encoding="utf-8") as handle:
+        # json is much faster than YAML on the large CRD and cilium schemas.
+        return json.load(handle) if path.suffix == ".json" else yaml.safe_load(handle)

@@ -1,0 +1,35 @@
+"""What the platform layer hands to the workload layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+
+from trainyard.cloud.context import ClusterContext
+
+
+@dataclass(frozen=True)
+class TenantFacts:
+    name: str
+    namespace: str
+    queue: str
+    # Resources a job in this namespace must wait for: namespace, queue, network policy, service account.
+    ready: tuple[pulumi.Resource, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlatformContext:
+    cluster: ClusterContext
+    tenants: dict[str, TenantFacts]
+    # Releases that install CRDs; a custom resource depends on the one that owns its kind.
+    volcano: pulumi.Resource | None = None
+    monitoring: pulumi.Resource | None = None
+    # StorageClass for ReadWriteMany checkpoint volumes (CephFS), or the cluster default when None.
+    checkpoint_storage_class: str | None = None
+    # Name of the read-only dataset PVC Fluid creates in each tenant namespace, when Alluxio is on.
+    dataset_claim: str | None = None
+    training_priority_class: str = "trainyard-training"
+    # The custom metric prometheus-adapter serves for GPU utilization per pod, when monitoring is on.
+    gpu_utilization_metric: str | None = None
+    ready: tuple[pulumi.Resource, ...] = field(default_factory=tuple)

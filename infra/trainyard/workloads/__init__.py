@@ -1,0 +1,1 @@
+"""Workload layer: the elastic training jobs that run on the platform."""

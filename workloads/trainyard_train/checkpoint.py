@@ -1,0 +1,225 @@
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP) and an explicit commit marker.
+
+Layout under ``<run_dir>/checkpoints``::
+
+    step-00000050/  .metadata  __0_0.distcp  __1_0.distcp  COMMIT
+    step-00000100/  ...                                        (no COMMIT: torn, ignored)
+
+A checkpoint counts only once ``COMMIT`` exists. Rank 0 writes it, atomically (tmp file + rename),
+after DCP's save returned on rank 0: DCP's coordinator gathers every rank's write result before it
+writes ``.metadata`` and returns, so that return is the "all ranks finished" barrier. ``COMMIT`` records
+every file's size, so a truncated file is caught before loading; a load that still fails (corrupt
+bytes DCP cannot parse) falls back to the next older complete checkpoint with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from .logs import LOGGER_NAME, kv
+
+COMMIT = "COMMIT"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+log = logging.getLogger(LOGGER_NAME)
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointRef:
+    step: int
+    path: Path
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def list_step_dirs(root: Path) -> list[CheckpointRef]:
+    if not root.is_dir():
+        return []
+    refs = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            refs.append(CheckpointRef(int(match.group(1)), child))
+    return sorted(refs)
+
+
+def read_commit(path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / COMMIT).read_text())
+    return meta
+
+
+def torn_reason(path: Path) -> str | None:
+    """Why a checkpoint directory is not usable, or None when it is complete."""
+    try:
+        meta = read_commit(path)
+    except FileNotFoundError:
+        return "commit marker missing"
+    except (OSError, ValueError) as exc:
+        return f"commit marker unreadable: {exc}"
+    for name, size in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} missing"
+        if file.stat().st_size != size:
+            return f"{name} is {file.stat().st_size} bytes, commit recorded {size}"
+    return None
+
+
+def complete_checkpoints(root: Path, warn: bool = False) -> list[CheckpointRef]:
+    """Complete checkpoints, oldest first."""
+    complete = []
+    for ref in list_step_dirs(root):
+        reason = torn_reason(ref.path)
+        if reason is None:
+            complete.append(ref)
+        elif warn:
+            log.warning(kv("checkpoint_ignored", path=ref.path, reason=reason))
+    return complete
+
+
+def plan_retention(
+    all_dirs: Sequence[CheckpointRef], complete: Sequence[CheckpointRef], keep_last: int
+) -> list[CheckpointRef]:
+    """Directories to delete: complete ones beyond the newest ``keep_last``, and torn ones older than
+    the newest complete one (a torn one newer than that may still be in flight)."""
+    complete_sorted = sorted(complete)
+    kept = set(complete_sorted[-keep_last:])
+    newest = complete_sorted[-1].step if complete_sorted else -1
+    complete_set = set(complete_sorted)
+    victims = []
+    for ref in all_dirs:
+        if ref in kept:
+            continue
+        if ref in complete_set or ref.step < newest:
+            victims.append(ref)
+    return sorted(victims)
+
+
+def write_commit(path: Path, meta: dict[str, Any]) -> None:
+    files = {
+        str(f.relative_to(path)): f.stat().st_size
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != COMMIT and not f.name.endswith(".tmp")
+    }
+    payload = json.dumps({**meta, "files": files, "committed_at": time.time()}, indent=2)
+    tmp = path / f"{COMMIT}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path / COMMIT)
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass
+class _Pending:
+    step: int
+    path: Path
+    future: Future[Any]
+    meta: dict[str, Any]
+    started: float
+
+
+class Checkpointer:
+    def __init__(
+        self, root: Path, *, keep_last: int, async_save: bool, group: dist.ProcessGroup, is_main: bool
+    ) -> None:
+        self.root = root
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.group = group
+        self.is_main = is_main
+        self._pending: _Pending | None = None
+        self.last_commit_time = time.time()
+        self.last_committed_step: int | None = None
+
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Collective. Sync mode commits before returning; async mode returns after staging to memory."""
+        self.wait()  # one save in flight at most: its files must not be purged or overwritten
+        path = step_dir(self.root, step)
+        if self.is_main:
+            # A torn directory from an earlier attempt at this step would mix old files into the new save.
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        dist.barrier(group=self.group)
+        started = time.monotonic()
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+            assert isinstance(future, Future)
+            self._pending = _Pending(step, path, future, meta, started)
+            log.info(kv("checkpoint_staged", step=step, seconds=time.monotonic() - started))
+        else:
+            dcp.save(state, checkpoint_id=str(path), process_group=self.group)
+            self._commit(step, path, meta, started)
+
+    def poll(self) -> None:
+        """Commit a finished async save; cheap and local, so it can run every step."""
+        if self._pending is not None and self._pending.future.done():
+            self.wait()
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.future.result()  # re-raises a failed background write
+            self._commit(pending.step, pending.path, pending.meta, pending.started)
+
+    def _commit(self, step: int, path: Path, meta: dict[str, Any], started: float) -> None:
+        # Only rank 0 touches COMMIT and retention; see the module docstring for why this is safe.
+        if self.is_main:
+            write_commit(path, {**meta, "step": step})
+            for victim in plan_retention(
+                list_step_dirs(self.root), complete_checkpoints(self.root), self.keep_last
+            ):
+                shutil.rmtree(victim.path, ignore_errors=True)
+            log.info(kv("checkpoint_committed", step=step, path=path, seconds=time.monotonic() - started))
+        self.last_commit_time = time.time()
+        self.last_committed_step = step
+
+    def load_latest(
+        self,
+        make_state: Callable[[CheckpointRef, dict[str, Any]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """Collective. Load the newest complete checkpoint, falling back past unloadable ones.
+
+        ``make_state(ref, commit_meta)`` builds the destination state dict (it may depend on the saved
+        world size); ``apply`` moves the loaded values into the live objects.
+        """
+        candidates = list(reversed(complete_checkpoints(self.root, warn=self.is_main)))
+        for ref in candidates:
+            meta = read_commit(ref.path)
+            state = make_state(ref, meta)
+            try:
+                dcp.load(state, checkpoint_id=str(ref.path), process_group=self.group)
+            # DCP turns a failure on any rank into one CheckpointException raised on every rank.
+            except (CheckpointException, OSError, RuntimeError, ValueError) as exc:
+                log.warning(kv("checkpoint_unloadable", path=ref.path, error=type(exc).__name__, detail=exc))
+                continue
+            apply(state)
+            self.last_commit_time = time.time()
+            self.last_committed_step = ref.step
+            return ref, meta
+        if candidates:
+            # Starting from scratch would silently discard a run and let retention delete its history.
+            raise RuntimeError(f"no checkpoint under {self.root} could be loaded; refusing to start over")
+        return None

@@ -1,0 +1,285 @@
+"""Typed, frozen training config: a YAML file plus ``a.b=value`` overrides.
+
+Every section is a frozen dataclass validated in ``__post_init__``; errors name the dotted key so a
+typo in a 40-line YAML file or a CLI override is found at once, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the offending key."""
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    vocab_size: int = 64
+    seq_len: int = 32
+    """Context length; every data record holds seq_len + 1 tokens (inputs and shifted targets)."""
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+            _require(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
+        _require(self.vocab_size <= 65536, "model.vocab_size", "tokens are stored as uint16 (<= 65536)")
+        _require(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    path: str = "data/tokens"
+    """Directory of token shard files plus manifest.json (relative paths resolve against run_dir)."""
+    generate: bool = True
+    """Generate the synthetic successor-rule corpus if the directory has no manifest (rank 0 writes it)."""
+    num_shards: int = 32
+    records_per_shard: int = 256
+    noise: float = 0.1
+    """Probability that the next token is uniform noise instead of the hidden successor rule."""
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "data.path", "must not be empty")
+        _require(self.num_shards >= 1, "data.num_shards", "must be >= 1")
+        _require(self.records_per_shard >= 1, "data.records_per_shard", "must be >= 1")
+        _require(0.0 <= self.noise <= 1.0, "data.noise", "must be in [0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    """Max global grad norm; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "must be > 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _require(all(0.0 <= b < 1.0 for b in self.betas), "optim.betas", "each must be in [0, 1)")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 200
+    """Optimizer steps to reach; a resumed run continues until this global step."""
+    global_batch_size: int = 16
+    """Samples per optimizer step, constant across world sizes (accumulation absorbs the difference)."""
+    micro_batch_size: int = 4
+    seed: int = 0
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "train.steps", "must be >= 1")
+        _require(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+        _require(
+            self.global_batch_size >= self.micro_batch_size
+            and self.global_batch_size % self.micro_batch_size == 0,
+            "train.global_batch_size",
+            "must be a positive multiple of train.micro_batch_size",
+        )
+        _require(self.log_every >= 1, "train.log_every", "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    interval_steps: int = 50
+    keep_last: int = 3
+    async_save: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.interval_steps >= 1, "checkpoint.interval_steps", "must be >= 1")
+        # The newest checkpoint may be the one being written or found torn: always keep a fallback.
+        _require(self.keep_last >= 2, "checkpoint.keep_last", "must be >= 2 so a complete fallback survives")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommConfig:
+    hook: Literal["allreduce", "powersgd"] = "allreduce"
+    powersgd_rank: int = 4
+    powersgd_start_iter: int = 10
+    """Plain all-reduce for the first steps: DDP rebuilds buckets after step 1 and early gradients matter."""
+    powersgd_min_compression_rate: float = 2.0
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _require(self.hook in ("allreduce", "powersgd"), "comm.hook", "must be 'allreduce' or 'powersgd'")
+        _require(self.powersgd_rank >= 1, "comm.powersgd_rank", "must be >= 1")
+        _require(
+            self.powersgd_start_iter >= 2, "comm.powersgd_start_iter", "PowerSGD needs >= 2 warm-up steps"
+        )
+        _require(
+            self.powersgd_min_compression_rate >= 1, "comm.powersgd_min_compression_rate", "must be >= 1"
+        )
+        _require(self.timeout_s > 0, "comm.timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShutdownConfig:
+    grace_period_s: float = 100.0
+    """Time from SIGTERM/SIGUSR1 to exit; spot instances give 120 s, so keep a margin."""
+
+    def __post_init__(self) -> None:
+        _require(self.grace_period_s > 0, "shutdown.grace_period_s", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    port: int = 9108
+    """Prometheus port on rank 0; 0 disables. The TRAINYARD_METRICS_PORT env var overrides it."""
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "metrics.port", "must be in [0, 65535]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    run_dir: str = "runs/default"
+    """Holds checkpoints/ and progress.jsonl; must be shared by all nodes (RWX volume in the cluster)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_dir), "run_dir", "must not be empty")
+
+    @property
+    def data_dir(self) -> Path:
+        path = Path(self.data.path)
+        return path if path.is_absolute() else Path(self.run_dir) / path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.run_dir) / "checkpoints"
+
+    @property
+    def progress_file(self) -> Path:
+        return Path(self.run_dir) / "progress.jsonl"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists so the dump is plain YAML that load_config reads back."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        _require(
+            value in typing.get_args(annotation), key, f"must be one of {list(typing.get_args(annotation))}"
+        )
+        return value
+    if origin is tuple:
+        item_types = typing.get_args(annotation)
+        _require(
+            isinstance(value, Sequence) and not isinstance(value, str) and len(value) == len(item_types),
+            key,
+            f"expected a list of {len(item_types)} items, got {value!r}",
+        )
+        return tuple(
+            _coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True))
+        )
+    if annotation is bool:
+        _require(isinstance(value, bool), key, f"expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}"
+        )
+        return value
+    if annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(ok, key, f"expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        _require(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {annotation!r}")  # a bug in this module, not user input
+
+
+def _build(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for name in raw:
+        _require(name in fields, f"{prefix}{name}", f"unknown key (known: {', '.join(sorted(fields))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        annotation = hints[name]
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            _require(isinstance(value, Mapping), key, "expected a mapping")
+            kwargs[name] = _build(annotation, value, f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, annotation, key)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # e.g. a required field missing
+        raise ConfigError(f"{prefix or '<root>'}: {exc}") from exc
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` strings (value parsed as YAML) to a nested mapping, returning a new one."""
+    result: dict[str, Any] = _plain(dict(raw))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        _require(bool(sep) and bool(key), item, "overrides look like section.key=value")
+        node = result
+        parts = key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            _require(isinstance(child, dict), ".".join(parts[: depth + 1]), "is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(text)
+    return result
+
+
+def parse_config(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> Config:
+    merged = apply_overrides(dict(raw), overrides)
+    built: Config = _build(Config, merged, "")
+    return built
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    raw: Any = {}
+    if path is not None:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        _require(isinstance(raw, dict), str(path), "top level must be a mapping")
+    return parse_config(raw, overrides)

@@ -1,0 +1,34 @@
+"""Entry point wiring: config → process group → Trainer → exit code.
+
+    torchrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
+        --max-restarts=10 -m trainyard_train --config configs/gpt-small.yaml train.steps=20000
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .config import load_config
+from .distributed import DistEnv, destroy_distributed, init_distributed
+from .logs import setup_logging
+from .loop import Trainer
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="trainyard_train", description="Elastic DDP trainer")
+    parser.add_argument("--config", help="YAML config file (defaults apply to keys it omits)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.overrides)  # fail on a bad key before joining the rendezvous
+    env = DistEnv.from_env()
+    setup_logging(env.rank, env.world_size)
+    runtime = init_distributed(env, cfg.comm.timeout_s)
+    try:
+        return Trainer(cfg, runtime).run()
+    finally:
+        destroy_distributed()
