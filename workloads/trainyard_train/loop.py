@@ -168,7 +168,9 @@ class Trainer:
         self._merged_cursors()
         meta = {"world_size": self.rt.env.world_size, "samples": self.samples}
         self.checkpointer.save(self.step, self._state(rank_local=True), meta)
-        self.progress.write("checkpoint", step=self.step, samples=self.samples)
+        self.progress.write(
+            "checkpoint", step=self.step, samples=self.samples, cursor_sum=int(self.cursors.sum())
+        )
 
     def restore(self) -> CheckpointRef | None:
         world_size = self.rt.env.world_size

@@ -1,8 +1,9 @@
 """EC2 user data for trainyard nodes: one MIME multipart document that nodeadm and cloud-init both read.
 
 Part 1, ``application/node.eks.aws``: a nodeadm ``NodeConfig`` with our kubelet and containerd settings and
-no ``cluster`` section. EKS (managed node groups) and Karpenter (EC2NodeClass ``userData``) append their own
-NodeConfig, which nodeadm merges after ours, so theirs wins on any key both set.
+no ``cluster`` section. EKS (managed node groups) and Karpenter (EC2NodeClass ``userData``) add their own
+NodeConfig to the document; nodeadm merges them in document order and which comes first differs between
+Karpenter versions, so we never set a key they set (cluster, labels, taints, ``maxPods`` on Karpenter nodes).
 
 Part 2, ``text/x-shellscript``: installs ``node_bootstrap/prepare-node.sh`` and runs it with the node's role.
 Karpenter re-serializes the document keeping only each part's ``Content-Type``, so parts are plain text
@@ -31,6 +32,12 @@ MIME_BOUNDARY: Final = "==trainyard-user-data=="
 NODECONFIG_CONTENT_TYPE: Final = "application/node.eks.aws"
 SHELL_CONTENT_TYPE: Final = 'text/x-shellscript; charset="us-ascii"'
 _HEREDOC_END: Final = "TRAINYARD_PREPARE_NODE_EOF"
+
+# EC2 rejects user data over 16 KiB (raw, before base64), and EKS or Karpenter add a NodeConfig of ~2-3 KiB
+# (cluster CA, endpoint, kubelet config, labels, taints) to ours: keep that much free.
+EC2_USER_DATA_LIMIT: Final = 16 * 1024
+PLATFORM_NODECONFIG_RESERVE: Final = 3584
+USER_DATA_BUDGET: Final = EC2_USER_DATA_LIMIT - PLATFORM_NODECONFIG_RESERVE
 
 # Pods get RLIMIT_NOFILE from containerd's base runtime spec (AMI default soft 65536), not from limits.d,
 # so the project's 500000 open files must be set there too. nodeadm replaces the whole rlimits list, and
@@ -147,4 +154,7 @@ def render_user_data(role: NodeRole, kubelet: KubeletSettings | None = None) -> 
         # The line break before a delimiter belongs to the delimiter, so each body keeps its final newline.
         lines += [delimiter, f"Content-Type: {content_type}", "", body]
     lines.append(f"{delimiter}--")
-    return "\n".join(lines) + "\n"
+    document = "\n".join(lines) + "\n"
+    if (size := len(document.encode())) > USER_DATA_BUDGET:
+        raise ValueError(f"user data is {size} bytes, over the {USER_DATA_BUDGET} byte budget")
+    return document

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import types
 import typing
@@ -50,24 +51,40 @@ def load_settings() -> tuple[Settings, Secrets]:
 
 def parse_settings(project: str, stack: str, raw: Mapping[str, Any]) -> Settings:
     """Validate a stack's `project:*` values (already without the prefix) into Settings."""
-    data = {k: v for k, v in raw.items() if k not in SECRET_KEYS}
+    data = {"project": project, "stack": stack, **{k: v for k, v in raw.items() if k not in SECRET_KEYS}}
+    problems: list[rules.Problem] = []
     try:
-        settings = Settings.model_validate({"project": project, "stack": stack, **data})
+        settings = Settings.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise ConfigError(project, stack, [_problem(e) for e in exc.errors()]) from None
-    problems = rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
+        problems = [_problem(e) for e in exc.errors()]
+        # Unknown keys alone don't hide the rest: drop them and check what is left, rules included.
+        unknown = [tuple(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+        if len(unknown) < len(problems):
+            raise ConfigError(project, stack, problems) from None
+        settings = Settings.model_validate(_without(data, unknown))
+    problems += rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
     if problems:
         raise ConfigError(project, stack, problems)
     return settings
 
 
+def _without(data: dict[str, Any], locations: list[tuple[int | str, ...]]) -> dict[str, Any]:
+    pruned = copy.deepcopy(data)
+    for loc in locations:
+        node: Any = pruned
+        for part in loc[:-1]:
+            node = node[part]
+        del node[loc[-1]]
+    return pruned
+
+
 def _raw_config(project: str) -> dict[str, Any]:
     values = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     prefix = f"{project}:"
-    return {k[len(prefix):]: _decode(v) for k, v in values.items() if k.startswith(prefix)}
+    return {k[len(prefix):]: decode_value(v) for k, v in values.items() if k.startswith(prefix)}
 
 
-def _decode(value: Any) -> Any:
+def decode_value(value: Any) -> Any:
     """The engine hands objects and lists over as JSON text, scalars as plain strings."""
     if isinstance(value, str) and value[:1] in "[{":
         try:

@@ -246,12 +246,14 @@ def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator
     types = _pool_types(pool)
     gpu_count = min((t.gpu_count for t in types), default=0)
     gpu = types[0].gpu if types else None
-    partitioned = pool.mig_layout is not None and gpu is not None and bool(mig.slices(pool.mig_layout, gpu))
+    # A layout the pool can't use is reported on the pool; here it simply offers no slices.
+    usable = pool.mig_layout is not None and gpu is not None and mig.supports(pool.mig_layout, gpu)
+    profiles = dict(mig.slices(pool.mig_layout, gpu)) if usable and pool.mig_layout and gpu else {}
+    partitioned = bool(profiles)
     if job.kind == "mig":
         if job.gpus_per_node:
             yield Problem(f"{at}.gpusPerNode", "a 'mig' job requests a MIG slice (migProfile), not whole GPUs: "
                                                "must be 0")
-        profiles = dict(mig.slices(pool.mig_layout, gpu)) if partitioned and pool.mig_layout and gpu else {}
         if job.mig_profile not in profiles:
             yield Problem(f"{at}.migProfile", f"{job.mig_profile!r} is not a slice of pool {pool.name!r} "
                                               f"(layout {pool.mig_layout}); slices: {_allowed(profiles) or 'none'}")

@@ -53,9 +53,9 @@ class Recording:
 class RecordingMonitor(mocks.MockMonitor):
     """The mock monitor, plus a record of each request's options (Mocks.new_resource never sees them)."""
 
-    def __init__(self, mock: mocks.Mocks) -> None:
+    def __init__(self, mock: mocks.Mocks, recording: Recording | None = None) -> None:
         super().__init__(mock)
-        self.recording = Recording()
+        self.recording = recording if recording is not None else Recording()
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
         # The engine leaves the root stack out of its children's type chain; the base mock does not.

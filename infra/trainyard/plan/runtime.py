@@ -14,6 +14,8 @@ import yaml
 from pulumi.runtime import settings as runtime_settings
 
 from trainyard import program
+from trainyard.config.load import decode_value, parse_settings
+from trainyard.config.model import Settings
 from trainyard.plan.placeholders import PlaceholderMocks
 from trainyard.plan.recording import SECRET, Recording, RecordingMonitor
 from trainyard.paths import STACKS_DIR
@@ -58,13 +60,24 @@ def read_stack(stack: str, stacks_dir: Path = STACKS_DIR) -> StackFile:
     return StackFile(stack=stack, values=values, secret_keys=tuple(secrets))
 
 
-def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main) -> Recording:
-    """Run `entrypoint` (by default exactly what infra/__main__.py runs) and record every registration."""
+def settings_of(stack: StackFile) -> Settings:
+    """The stack's Settings, validated exactly as the program validates them."""
+    prefix = f"{PROJECT}:"
+    raw = {k[len(prefix):]: decode_value(v) for k, v in stack.values.items() if k.startswith(prefix)}
+    return parse_settings(PROJECT, stack.stack, raw)
+
+
+def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main,
+           recording: Recording | None = None) -> Recording:
+    """Run `entrypoint` (by default exactly what infra/__main__.py runs) and record every registration.
+
+    Pass `recording` to watch it fill while the program runs (the CLI's progress line does).
+    """
     # A fresh root stack per run: the runtime keeps it in a context variable between runs in one process.
     runtime_settings.ROOT.set(None)
     pulumi.runtime.set_all_config(stack.values, list(stack.secret_keys))
     mocks = PlaceholderMocks(region=stack.region)
-    monitor = RecordingMonitor(mocks)
+    monitor = RecordingMonitor(mocks, recording)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack.stack, preview=False, monitor=monitor)
     pulumi.runtime.test(lambda: _run_and_collect_exports(entrypoint, monitor.recording))()
     return monitor.recording

@@ -1,0 +1,180 @@
+"""IAM for the cluster: roles for AWS services and EKS Pod Identity roles for in-cluster controllers.
+
+Pod Identity over IRSA: no per-cluster OIDC provider to create and trust, one trust policy shape for every
+role (`pods.eks.amazonaws.com`), and associations are plain AWS resources that need no service-account
+annotation, so the platform layer's Helm values stay free of role ARNs. It needs the eks-pod-identity-agent
+add-on, which runs on the host network and so works before Cilium is up.
+
+Policy documents are built by pure functions returning dicts (with Outputs for ARNs) so tests can walk them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from trainyard.names import ServiceAccountRef
+
+Policy = dict[str, Any]
+
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+EBS_CSI_MANAGED_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+NODE_MANAGED_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    # Session Manager instead of SSH keys: no inbound port on nodes.
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+)
+
+
+def document(*statements: Mapping[str, Any]) -> Policy:
+    return {"Version": "2012-10-17", "Statement": [dict(s) for s in statements]}
+
+
+def allow(actions: Sequence[str], resources: Any, condition: Mapping[str, Any] | None = None,
+          sid: str | None = None) -> dict[str, Any]:
+    statement: dict[str, Any] = {"Effect": "Allow", "Action": list(actions), "Resource": resources}
+    if sid:
+        statement["Sid"] = sid
+    if condition:
+        statement["Condition"] = dict(condition)
+    return statement
+
+
+def service_trust(service: str, actions: Sequence[str] = ("sts:AssumeRole",)) -> Policy:
+    return document({"Effect": "Allow", "Principal": {"Service": service}, "Action": list(actions)})
+
+
+def pod_identity_trust() -> Policy:
+    # Pod Identity passes session tags (namespace, service account, cluster), hence sts:TagSession.
+    return service_trust(POD_IDENTITY_PRINCIPAL, ("sts:AssumeRole", "sts:TagSession"))
+
+
+def bucket_read(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str], prefix: str = "") -> list[dict[str, Any]]:
+    """List and read one bucket (optionally one prefix of it), decrypting with its KMS key."""
+    objects = pulumi.Output.concat(bucket_arn, "/", prefix, "*")
+    list_condition = {"StringLike": {"s3:prefix": [f"{prefix}*"]}} if prefix else None
+    return [
+        allow(["s3:ListBucket"], bucket_arn, list_condition),
+        allow(["s3:GetBucketLocation"], bucket_arn),
+        allow(["s3:GetObject", "s3:GetObjectVersion"], objects),
+        allow(["kms:Decrypt", "kms:DescribeKey"], key_arn),
+    ]
+
+
+def bucket_read_write(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str]) -> list[dict[str, Any]]:
+    """Read, write and delete objects (checkpoint rotation) with multipart uploads; no bucket-level changes."""
+    objects = pulumi.Output.concat(bucket_arn, "/*")
+    return [
+        allow(["s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads"], bucket_arn),
+        allow(["s3:GetObject", "s3:GetObjectVersion", "s3:PutObject", "s3:DeleteObject",
+               "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"], objects),
+        allow(["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"], key_arn),
+    ]
+
+
+def alluxio_policy(dataset_bucket_arn: pulumi.Input[str], dataset_key_arn: pulumi.Input[str],
+                   prefix: str) -> Policy:
+    """Alluxio's under-store: read the dataset prefix of the dataset bucket, nothing else."""
+    return document(*bucket_read(dataset_bucket_arn, dataset_key_arn, prefix))
+
+
+def trainer_policy(checkpoint_bucket_arn: pulumi.Input[str], checkpoint_key_arn: pulumi.Input[str],
+                   dataset_bucket_arn: pulumi.Input[str], dataset_key_arn: pulumi.Input[str]) -> Policy:
+    return document(*bucket_read_write(checkpoint_bucket_arn, checkpoint_key_arn),
+                    *bucket_read(dataset_bucket_arn, dataset_key_arn))
+
+
+# Cilium ENI IPAM: the operator creates and attaches ENIs and assigns their secondary IPs to pods.
+CILIUM_ENI_DESCRIBE = (
+    "ec2:DescribeInstances", "ec2:DescribeInstanceTypes", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+    "ec2:DescribeVpcs", "ec2:DescribeSecurityGroups", "ec2:DescribeRouteTables", "ec2:DescribeTags",
+)
+CILIUM_ENI_MUTATE = (
+    "ec2:CreateNetworkInterface", "ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface",
+    "ec2:DeleteNetworkInterface", "ec2:ModifyNetworkInterfaceAttribute", "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignPrivateIpAddresses",
+)
+
+
+def cilium_operator_policy(region: str) -> Policy:
+    in_region = {"StringEquals": {"aws:RequestedRegion": region}}
+    return document(
+        # Describe calls support no resource-level permissions.
+        allow(CILIUM_ENI_DESCRIBE, "*", sid="DescribeForEniIpam"),
+        allow(CILIUM_ENI_MUTATE, "*", in_region, sid="ManageEnisInRegion"),
+        allow(["ec2:CreateTags"], f"arn:aws:ec2:{region}:*:network-interface/*", sid="TagEnis"),
+    )
+
+
+@dataclass(frozen=True)
+class PodIdentityRoleArgs:
+    """A role assumed through EKS Pod Identity by the given service accounts of one cluster."""
+
+    cluster_name: pulumi.Input[str]
+    role_name: str
+    service_accounts: tuple[ServiceAccountRef, ...]
+    policy: Policy | None = None
+    managed_policy_arns: tuple[str, ...] = ()
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class PodIdentityRole(pulumi.ComponentResource):
+    """An IAM role, its permissions, and one Pod Identity association per service account."""
+
+    role: aws.iam.Role
+    associations: list[aws.eks.PodIdentityAssociation]
+
+    def __init__(self, name: str, args: PodIdentityRoleArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:cloud:PodIdentityRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.role = aws.iam.Role(f"{name}-role", name=args.role_name,
+                                 assume_role_policy=pulumi.Output.json_dumps(pod_identity_trust()),
+                                 tags=args.tags, opts=child)
+        grants: list[pulumi.Resource] = []
+        if args.policy is not None:
+            grants.append(aws.iam.RolePolicy(f"{name}-policy", role=self.role.name,
+                                             policy=pulumi.Output.json_dumps(args.policy), opts=child))
+        for i, arn in enumerate(args.managed_policy_arns):
+            grants.append(aws.iam.RolePolicyAttachment(f"{name}-managed-{i}", role=self.role.name, policy_arn=arn,
+                                                       opts=child))
+        # The association only after the permissions exist, so a pod never starts with a half-granted role.
+        self.associations = [
+            aws.eks.PodIdentityAssociation(
+                f"{name}-{sa.namespace}", cluster_name=args.cluster_name, namespace=sa.namespace,
+                service_account=sa.name, role_arn=self.role.arn, tags=args.tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=grants))
+            for sa in args.service_accounts
+        ]
+        self.register_outputs({"roleArn": self.role.arn})
+
+
+@dataclass(frozen=True)
+class ServiceRoleArgs:
+    role_name: str
+    service: str
+    managed_policy_arns: tuple[str, ...]
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class ServiceRole(pulumi.ComponentResource):
+    """A role an AWS service assumes (EKS control plane, EC2 nodes) with AWS managed policies."""
+
+    role: aws.iam.Role
+    attachments: list[aws.iam.RolePolicyAttachment]
+
+    def __init__(self, name: str, args: ServiceRoleArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:cloud:ServiceRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.role = aws.iam.Role(f"{name}-role", name=args.role_name,
+                                 assume_role_policy=pulumi.Output.json_dumps(service_trust(args.service)),
+                                 tags=args.tags, opts=child)
+        self.attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-managed-{i}", role=self.role.name, policy_arn=arn, opts=child)
+            for i, arn in enumerate(args.managed_policy_arns)
+        ]
+        self.register_outputs({"roleArn": self.role.arn})

@@ -1,0 +1,212 @@
+"""Bad stack config is refused before anything is created, with every problem named by its key path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainyard.config import ConfigError
+from trainyard.config.load import decode_value, parse_settings
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import PROJECT, StackFile, read_stack, render
+
+Raw = dict[str, Any]
+
+
+def _raw(stack: str) -> Raw:
+    values = read_stack(stack).values
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in values.items()}
+
+
+@pytest.fixture(scope="module")
+def prod() -> Raw:
+    return _raw("prod")
+
+
+def _pool(raw: Raw, name: str) -> dict[str, Any]:
+    return next(p for p in raw["nodePools"] if p["name"] == name)
+
+
+def _set(path: str, value: Any) -> Callable[[Raw], None]:
+    """A mutation that sets `a.b[1].c` to value."""
+    def apply(raw: Raw) -> None:
+        node: Any = raw
+        parts = path.replace("[", ".").replace("]", "").split(".")
+        for part in parts[:-1]:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        last = parts[-1]
+        if last.isdigit():
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return apply
+
+
+def _delete(path: str) -> Callable[[Raw], None]:
+    def apply(raw: Raw) -> None:
+        node: Any = raw
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        del node[parts[-1]]
+    return apply
+
+
+# (id, mutation of the prod stack, key path that must be named, a fragment of the message)
+CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
+    ("typo-top-level", _set("nodePool", []), "trainyard:nodePool", "unknown key"),
+    ("typo-pool-key", _set("nodePools[0].minsize", 1), "trainyard:nodePools[0].minsize", "allowed here"),
+    ("typo-addon", _set("addons.cillium", {}), "trainyard:addons.cillium", "unknown key"),
+    ("min-above-desired", _set("nodePools[1].minSize", 5), "trainyard:nodePools[1].minSize", "greater than"),
+    ("desired-above-max", _set("nodePools[0].desiredSize", 9), "trainyard:nodePools[0].desiredSize", "maxSize"),
+    ("bad-vpc-cidr", _set("network.vpcCidr", "10.30.0.0/33"), "trainyard:network.vpcCidr", "CIDR"),
+    ("host-bits-cidr", _set("network.vpcCidr", "10.30.1.0/16"), "trainyard:network.vpcCidr", "host bits"),
+    ("vpc-too-small", _set("network.vpcCidr", "10.30.0.0/24"), "trainyard:network.vpcCidr", "/16 and /20"),
+    ("service-overlaps-vpc", _set("network.serviceCidr", "10.30.128.0/20"), "trainyard:network.serviceCidr",
+     "overlaps"),
+    ("open-api-in-prod", _set("network.publicAccessCidrs", ["0.0.0.0/0"]), "trainyard:network.publicAccessCidrs[0]",
+     "0.0.0.0/0"),
+    ("unknown-instance", _set("nodePools[2].instanceTypes", ["p9.48xlarge"]),
+     "trainyard:nodePools[2].instanceTypes[0]", "allowed"),
+    ("bad-capacity", _set("nodePools[2].capacityTypes", ["reserved"]), "trainyard:nodePools[2].capacityTypes[0]",
+     "spot"),
+    ("bad-role", _set("nodePools[0].role", "controller"), "trainyard:nodePools[0].role", "system"),
+    ("pool-name-not-dns", _set("nodePools[2].name", "H100_Pool"), "trainyard:nodePools[2].name", "DNS-1123"),
+    ("duplicate-pool", lambda r: r["nodePools"].append(copy.deepcopy(r["nodePools"][2])), "trainyard:nodePools",
+     "more than once"),
+    ("mig-on-non-mig-gpu", lambda r: r["nodePools"].append({"name": "l4", "role": "gpu", "instanceTypes":
+     ["g6.xlarge"], "maxSize": 1, "migLayout": "all-1g"}), "trainyard:nodePools[7].migLayout", "do not support MIG"),
+    ("unknown-mig-layout", _set("nodePools[5].migLayout", "all-9g"), "trainyard:nodePools[5].migLayout",
+     "unknown MIG layout"),
+    ("mig-on-system", _set("nodePools[0].migLayout", "all-1g"), "trainyard:nodePools[0].migLayout", "only 'gpu'"),
+    ("efa-without-efa", lambda r: r["nodePools"].append({"name": "l4", "role": "gpu", "instanceTypes":
+     ["g6.xlarge"], "maxSize": 1, "efa": True}), "trainyard:nodePools[7].efa", "no EFA interface"),
+    ("gpu-min-not-zero", _set("nodePools[2].minSize", 1), "trainyard:nodePools[2].minSize", "scale from zero"),
+    ("gpu-type-in-system", _set("nodePools[0].instanceTypes", ["p5.48xlarge"]), "trainyard:nodePools[0].instanceTypes",
+     "may not use GPU"),
+    ("cpu-type-in-gpu-pool", _set("nodePools[2].instanceTypes", ["m7i.xlarge"]),
+     "trainyard:nodePools[2].instanceTypes", "only list GPU"),
+    ("storage-without-nvme", _set("nodePools[1].instanceTypes", ["m7i.4xlarge"]),
+     "trainyard:nodePools[1].instanceTypes", "NVMe"),
+    ("mixed-gpu-models", _set("nodePools[4].instanceTypes", ["p5.48xlarge", "p5e.48xlarge"]),
+     "trainyard:nodePools[4].instanceTypes", "same GPU model"),
+    ("placement-two-zones", _set("nodePools[2].zones", ["us-west-2a", "us-west-2b"]),
+     "trainyard:nodePools[2].placementGroup", "one zone"),
+    ("zone-not-in-region", _set("aws.availabilityZones[2]", "eu-west-1a"), "trainyard:aws.availabilityZones[2]",
+     "not a zone"),
+    ("pool-zone-unknown", _set("nodePools[3].zones", ["us-west-2d"]), "trainyard:nodePools[3].zones[0]",
+     "availabilityZones"),
+    ("prod-two-zones", _set("aws.availabilityZones", ["us-west-2a", "us-west-2b"]), "trainyard:aws.availabilityZones",
+     "at least 3"),
+    ("bad-region", _set("aws.region", "mars-1"), "trainyard:aws.region", "pattern"),
+    ("bad-admin-arn", _set("aws.adminPrincipalArns", ["admin"]), "trainyard:aws.adminPrincipalArns[0]", "pattern"),
+    ("missing-aws", _delete("aws"), "trainyard:aws", "required"),
+    ("missing-environment", _delete("environment"), "trainyard:environment", "required"),
+    ("bad-environment", _set("environment", "production"), "trainyard:environment", "prod"),
+    ("unsupported-k8s", _set("cluster.kubernetesVersion", "1.29"), "trainyard:cluster.kubernetesVersion", "1.34"),
+    ("no-system-pool", lambda r: r.update(nodePools=[p for p in r["nodePools"] if p["role"] != "system"]),
+     "trainyard:nodePools", "exactly one pool with role 'system'"),
+    ("cilium-off-on-aws", _set("addons.cilium.enabled", False), "trainyard:addons.cilium.enabled", "only CNI"),
+    ("ceph-replicas-vs-nodes", _set("addons.rookCeph.replicas", 4), "trainyard:addons.rookCeph.replicas", "minSize"),
+    ("prod-unprotected-buckets", _set("buckets.protect", False), "trainyard:buckets.protect", "always protected"),
+    ("prod-force-destroy", _set("buckets.forceDestroy", True), "trainyard:buckets.forceDestroy", "never"),
+    ("zero-queue-weight", _set("tenants[0].weight", 0), "trainyard:tenants[0].weight", "greater than 0"),
+    ("negative-queue-weight", _set("tenants[1].weight", -2), "trainyard:tenants[1].weight", "greater than 0"),
+    ("two-default-tenants", _set("tenants[0].default", True), "trainyard:tenants[1].default", "at most one"),
+    ("tenant-in-kube-system", _set("tenants[2].namespace", "kube-system"), "trainyard:tenants[2].namespace",
+     "reserved"),
+    ("bad-quantity", _set("tenants[0].capability.memory", "lots"), "trainyard:tenants[0].capability.memory",
+     "quantity"),
+    ("quota-below-capability", _set("tenants[0].quota.gpu", 8), "trainyard:tenants[0].quota.gpu", "below"),
+    ("job-unknown-tenant", _set("workloads[0].tenant", "marketing"), "trainyard:workloads[0].tenant",
+     "unknown tenant"),
+    ("job-unknown-pool", _set("workloads[0].nodePool", "h300"), "trainyard:workloads[0].nodePool", "unknown pool"),
+    ("job-min-above-max", _set("workloads[1].minNodes", 5), "trainyard:workloads[1].minNodes", "greater than"),
+    ("job-too-many-gpus", _set("workloads[0].gpusPerNode", 16), "trainyard:workloads[0].gpusPerNode", "between 1"),
+    ("job-latest-image", _set("workloads[0].image", "ghcr.io/trainyard/trainer:latest"), "trainyard:workloads[0].image",
+     "pinned"),
+    ("job-bad-kind", _set("workloads[0].kind", "batch"), "trainyard:workloads[0].kind", "elastic"),
+    ("mig-job-wrong-profile", _set("workloads[2].migProfile", "7g.80gb"), "trainyard:workloads[2].migProfile",
+     "not a slice"),
+    ("whole-gpu-job-on-mig-pool", _set("workloads[0].nodePool", "h100-mig"), "trainyard:workloads[0].nodePool",
+     "partitions its GPUs"),
+    ("job-on-system-pool", _set("workloads[0].nodePool", "system"), "trainyard:workloads[0].nodePool",
+     "'gpu' pools"),
+    ("missing-trainer-config", _set("workloads[0].trainerConfig", "nope.yaml"), "trainyard:workloads[0].trainerConfig",
+     "workloads/configs"),
+    ("smoke-on-two-nodes", _set("workloads[3].maxNodes", 2), "trainyard:workloads[3].maxNodes", "must be 1"),
+    ("job-exceeds-pool", _set("workloads[1].maxNodes", 5), "trainyard:workloads[1].maxNodes", "exceeds pool"),
+    ("volcano-off-with-jobs", _set("addons.volcano.enabled", False), "trainyard:addons.volcano.enabled",
+     "Volcano jobs"),
+    ("local-block-on-aws", _set("local", {"kubeconfigContext": "kind-x"}), "trainyard:local", "only allowed"),
+    ("bad-retention", _set("addons.monitoring.retention", "30 days"), "trainyard:addons.monitoring.retention",
+     "pattern"),
+    ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
+     "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "path", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_config_is_named_by_key_path(prod: Raw, mutate: Callable[[Raw], None], path: str, fragment: str) -> None:
+    raw = copy.deepcopy(prod)
+    mutate(raw)
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "prod", raw)
+    lines = [line for line in str(caught.value).splitlines() if line.startswith(f"  - {path}:")]
+    assert lines, f"{path} not named in:\n{caught.value}"
+    assert any(fragment in line for line in lines), f"{fragment!r} not in {lines}"
+
+
+def test_there_are_at_least_thirty_distinct_cases() -> None:
+    assert len({c[0] for c in CASES}) == len(CASES) >= 30
+
+
+def test_every_problem_is_reported_at_once(prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    for mutate in (_set("nodePools[1].minSize", 5), _set("network.vpcCidr", "10.0.0.0/8"),
+                   _set("workloads[0].tenant", "nobody")):
+        mutate(raw)
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "prod", raw)
+    paths = {p.path for p in caught.value.problems}
+    assert {"nodePools[1].minSize", "network.vpcCidr", "workloads[0].tenant"} <= paths
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "local"])
+def test_shipped_stacks_are_valid(stack: str) -> None:
+    settings = parse_settings(PROJECT, stack, _raw(stack))
+    assert settings.stack == stack
+
+
+def test_a_bad_stack_registers_no_resource(prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    _set("nodePools[1].minSize", 5)(raw)
+    values = {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+    recording = Recording()
+    with pytest.raises(ConfigError):
+        render(StackFile(stack="prod", values=values, secret_keys=()), recording=recording)
+    assert recording.resources == []
+
+
+def test_cli_reports_without_traceback(tmp_path: Path, prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    _set("nodePools[0].maxSize", 1)(raw)
+    _set("nodePool", [])(raw)
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.broken.yaml").write_text(yaml.safe_dump({"config": {f"trainyard:{k}": v for k, v in raw.items()}}))
+    result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "broken", "--stacks-dir",
+                             str(stacks)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "trainyard:nodePools[0].desiredSize" in result.stderr
+    assert "trainyard:nodePool:" in result.stderr
+    assert "nothing was created" in result.stderr

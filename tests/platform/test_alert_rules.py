@@ -1,0 +1,193 @@
+"""Prometheus rules: promtool accepts them, their unit tests pass, and every alert is tested both ways."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_DIR = REPO / "platform" / "monitoring" / "rules"
+RULE_FILES = sorted(RULES_DIR.glob("*.rules.yaml"))
+TEST_FILES = sorted((RULES_DIR / "tests").glob("*.test.yaml"))
+README = REPO / "platform" / "monitoring" / "README.md"
+PROMETHEUS_RULE_SCHEMA = REPO.parent / "shared" / "upstream" / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
+SEVERITIES = {"warning", "critical"}
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        reason = "promtool not installed (Debian: apt-get install -y prometheus)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    return document
+
+
+def _rules(path: Path) -> list[dict[str, Any]]:
+    return [rule for group in _load(path)["groups"] for rule in group["rules"]]
+
+
+def _alerts(path: Path) -> list[dict[str, Any]]:
+    return [rule for rule in _rules(path) if "alert" in rule]
+
+
+def _tests_for(rule_file: Path) -> list[dict[str, Any]]:
+    """Test cases of every test file that loads ``rule_file``."""
+    cases: list[dict[str, Any]] = []
+    for test_file in TEST_FILES:
+        document = _load(test_file)
+        loaded = {(test_file.parent / name).resolve() for name in document["rule_files"]}
+        if rule_file.resolve() in loaded:
+            cases.extend(document["tests"])
+    return cases
+
+
+def _anchor(heading: str) -> str:
+    # GitHub's heading anchors: lower-case, punctuation dropped, spaces to dashes.
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_catalogue_is_not_empty() -> None:
+    assert {path.name for path in RULE_FILES} == {"gpu.rules.yaml", "training.rules.yaml", "cluster.rules.yaml"}
+    assert len(TEST_FILES) == len(RULE_FILES)
+
+
+def test_promtool_check_rules() -> None:
+    result = subprocess.run([_promtool(), "check", "rules", *map(str, RULE_FILES)],
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
+def test_promtool_unit_tests(test_file: Path) -> None:
+    result = subprocess.run([_promtool(), "test", "rules", str(test_file)],
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("rule_file", RULE_FILES, ids=lambda path: path.name)
+def test_every_alert_fires_in_one_case_and_stays_silent_in_another(rule_file: Path) -> None:
+    cases = [check for test in _tests_for(rule_file) for check in test.get("alert_rule_test", [])]
+    for alert in _alerts(rule_file):
+        name = alert["alert"]
+        checks = [check for check in cases if check["alertname"] == name]
+        assert any(check.get("exp_alerts") for check in checks), f"{name}: no test case where it fires"
+        assert any(not check.get("exp_alerts") for check in checks), f"{name}: no near-miss case where it is silent"
+
+
+@pytest.mark.parametrize("rule_file", RULE_FILES, ids=lambda path: path.name)
+def test_every_recording_rule_is_evaluated_in_a_test(rule_file: Path) -> None:
+    exprs = " ".join(check["expr"] for test in _tests_for(rule_file) for check in test.get("promql_expr_test", []))
+    for rule in _rules(rule_file):
+        if "record" in rule:
+            assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z_]+", rule["record"]), rule["record"]
+            assert rule["record"] in exprs, f"{rule['record']}: not evaluated by any promql_expr_test"
+
+
+def test_alerts_carry_severity_annotations_and_a_runbook_that_exists() -> None:
+    anchors = {_anchor(line.lstrip("#")) for line in README.read_text().splitlines() if line.startswith("#")}
+    names: list[str] = []
+    for rule_file in RULE_FILES:
+        for alert in _alerts(rule_file):
+            name = alert["alert"]
+            names.append(name)
+            assert alert.get("labels", {}).get("severity") in SEVERITIES, name
+            annotations = alert.get("annotations", {})
+            assert {"summary", "description", "runbook"} <= set(annotations), name
+            path, _, anchor = annotations["runbook"].partition("#")
+            assert path == "platform/monitoring/README.md", name
+            assert anchor == name.lower() and anchor in anchors, f"{name}: README has no section #{anchor}"
+    assert len(names) == len(set(names)), "alert names must be unique"
+    assert len(names) >= 12
+
+
+def test_rule_files_fit_the_prometheusrule_crd() -> None:
+    if not PROMETHEUS_RULE_SCHEMA.is_file():
+        pytest.skip(f"PrometheusRule schema not found at {PROMETHEUS_RULE_SCHEMA} (needs ../shared upstream data)")
+    # Not jsonschema.validate: its schema self-check rejects the CRD's Go-style inline (?i) regex flags.
+    validator = jsonschema.Draft7Validator(json.loads(PROMETHEUS_RULE_SCHEMA.read_text()))
+    for rule_file in RULE_FILES:
+        document = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                    "metadata": {"name": rule_file.name.removesuffix(".rules.yaml"), "namespace": "monitoring"},
+                    "spec": _load(rule_file)}
+        errors = [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+        assert not errors, (rule_file.name, errors)
+
+
+ADAPTER_RULES = REPO / "platform" / "prometheus-adapter" / "rules.yaml"
+ADAPTER_CHART_VALUES = REPO.parent / "shared" / "upstream" / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
+
+
+def _adapter_rule() -> dict[str, Any]:
+    (rule,) = _load(ADAPTER_RULES)["rules"]["custom"]
+    assert isinstance(rule, dict)
+    return rule
+
+
+def test_adapter_rules_use_the_chart_keys() -> None:
+    if not ADAPTER_CHART_VALUES.is_file():
+        pytest.skip(f"prometheus-adapter chart values not found at {ADAPTER_CHART_VALUES} (needs ../shared)")
+    chart_rules = _load(ADAPTER_CHART_VALUES)["rules"]
+    # `resource` is commented out in the chart's values but documented there.
+    known = set(chart_rules) | {"resource"}
+    ours = _load(ADAPTER_RULES)["rules"]
+    assert set(ours) <= known, set(ours) - known
+    assert ours["default"] is False
+    assert set(_adapter_rule()) == {"seriesQuery", "resources", "name", "metricsQuery"}
+
+
+def test_adapter_exposes_trainyard_gpu_utilization_per_pod() -> None:
+    rule = _adapter_rule()
+    assert rule["name"] == {"matches": "^DCGM_FI_PROF_GR_ENGINE_ACTIVE$", "as": "trainyard_gpu_utilization"}
+    resources = {override["resource"] for override in rule["resources"]["overrides"].values()}
+    assert resources == {"namespace", "pod"}
+
+
+def test_adapter_metrics_query_averages_a_pods_gpus_as_percent(tmp_path: Path) -> None:
+    # Render the query as prometheus-adapter would for `kubectl get --raw .../team-a/pods/*/trainyard_gpu_utilization`
+    # and evaluate it with promtool against series shaped like dcgm-exporter's.
+    rule = _adapter_rule()
+    series_name = rule["name"]["matches"].strip("^$")
+    query = (rule["metricsQuery"]
+             .replace("<<.Series>>", series_name)
+             .replace("<<.LabelMatchers>>", 'exported_namespace="team-a",exported_pod=~"train-0|train-1"')
+             .replace("<<.GroupBy>>", "exported_pod"))
+    labels = 'Hostname="n1",namespace="gpu-operator",exported_namespace="{ns}",exported_pod="{pod}",gpu="{gpu}"'
+    series = [("team-a", "train-0", "0", "0.5"), ("team-a", "train-0", "1", "0.7"),
+              ("team-a", "train-1", "2", "0.9"), ("team-b", "train-0", "3", "0.1"),
+              ("", "", "4", "0")]  # an unallocated GPU: empty labels are absent labels
+    test = {
+        "rule_files": [],
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": f"{series_name}{{{labels.format(ns=ns, pod=pod, gpu=gpu)}}}",
+                              "values": f"{value}x5"} for ns, pod, gpu, value in series],
+            "promql_expr_test": [
+                {"expr": query, "eval_time": "2m",
+                 "exp_samples": [{"labels": '{exported_pod="train-0"}', "value": 60},
+                                 {"labels": '{exported_pod="train-1"}', "value": 90}]},
+                {"expr": f"count({rule['seriesQuery']})", "eval_time": "2m",
+                 "exp_samples": [{"labels": "{}", "value": 4}]},
+            ],
+        }],
+    }
+    test_file = tmp_path / "adapter.test.yaml"
+    test_file.write_text(yaml.safe_dump(test))
+    result = subprocess.run([_promtool(), "test", "rules", str(test_file)],
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

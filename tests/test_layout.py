@@ -1,0 +1,43 @@
+"""Guards on the repository's shape that the tooling depends on."""
+
+from __future__ import annotations
+
+import platform
+import sysconfig
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_platform_folder_never_shadows_the_standard_library() -> None:
+    # A package named `platform` on sys.path replaces the stdlib module that uuid, pytest and grpc import.
+    assert not (ROOT / "platform" / "__init__.py").exists()
+    assert not (ROOT / "platform.py").exists()
+    assert not list((ROOT / "platform").glob("*.py"))
+    assert Path(platform.__file__).resolve().parent == Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def test_project_file_points_at_infra_and_stacks() -> None:
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    assert project["main"] == "infra/"
+    assert project["stackConfigDir"] == "stacks"
+    assert (ROOT / "requirements.txt").is_file(), "pulumi install reads requirements.txt beside Pulumi.yaml"
+    assert (ROOT / "infra" / "__main__.py").is_file()
+
+
+def test_every_config_key_is_documented_in_the_project_file() -> None:
+    from trainyard.config.load import SECRET_KEYS
+    from trainyard.config.model import Settings
+
+    declared = set(yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"])
+    keys = {f.alias for name, f in Settings.model_fields.items() if name not in ("project", "stack")}
+    assert declared == keys | set(SECRET_KEYS)
+
+
+def test_requirements_are_pinned_exactly() -> None:
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            assert "==" in line, f"requirements.txt: {line!r} is not pinned with =="

@@ -1,0 +1,177 @@
+"""End-to-end torchrun runs on CPU/gloo: convergence, worker kill, SIGTERM, torn checkpoints, resize,
+PowerSGD traffic. Each run trains the tiny config for a few seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from trainer_launch import TINY, launch, run, steps
+from trainyard_train.checkpoint import COMMIT, read_commit, step_dir
+from trainyard_train.config import load_config
+from trainyard_train.model import DecoderLM
+from trainyard_train.signals import PREEMPTED_EXIT_CODE
+
+pytestmark = pytest.mark.slow
+CFG = load_config(TINY)
+GLOBAL_BATCH = CFG.train.global_batch_size
+
+
+def mean_loss(events: list[dict], first: int, last: int) -> float:
+    losses = [e["loss"] for e in steps(events) if first <= e["step"] <= last]
+    return sum(losses) / len(losses)
+
+
+def assert_positions_consistent(events: list[dict]) -> None:
+    """The merged per-shard cursors must account for exactly step x global batch samples."""
+    checkpoints = [e for e in events if e["event"] == "checkpoint"]
+    assert checkpoints
+    for e in checkpoints:
+        assert e["cursor_sum"] == e["samples"] == e["step"] * GLOBAL_BATCH, e
+
+
+def expected_grad_bytes(rank: int, min_rate: float) -> tuple[int, int]:
+    """(plain all-reduce bytes, PowerSGD bytes) per step, from parameter shapes alone.
+
+    PowerSGD views each gradient as n x m = shape[0] x rest; with r = min(n, m, rank) it sends P (n x r)
+    and Q (m x r) when (n + m) r * min_rate < n m, else the tensor as is.
+    """
+    plain = compressed = 0
+    for param in DecoderLM(CFG.model).parameters():
+        n = param.shape[0]
+        m = param.numel() // n
+        r = min(n, m, rank)
+        plain += n * m
+        compressed += (n + m) * r if (n + m) * r * min_rate < n * m else n * m
+    return plain * 4, compressed * 4  # float32 gradients
+
+
+def test_two_process_run_converges(tmp_path: Path) -> None:
+    events = run(tmp_path / "run").events()
+    start = events[0]
+    assert start["event"] == "start" and start["world_size"] == 2 and start["accum"] == 2
+    initial, final = mean_loss(events, 1, 5), mean_loss(events, 140, 150)
+    assert final < 0.7 * initial, (initial, final)
+    assert events[-1] == {**events[-1], "event": "done", "step": 150, "samples": 150 * GLOBAL_BATCH}
+    plain, _ = expected_grad_bytes(CFG.comm.powersgd_rank, CFG.comm.powersgd_min_compression_rate)
+    assert {e["grad_bytes"] for e in steps(events)} == {plain}
+    assert_positions_consistent(events)
+
+
+def test_worker_sigkill_restarts_and_resumes_from_checkpoint(tmp_path: Path, cleanup_launches: list) -> None:
+    interval = 20
+    launched = launch(
+        tmp_path / "run", ["train.steps=200", f"checkpoint.interval_steps={interval}"], max_restarts=2
+    )
+    cleanup_launches.append(launched)
+    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 50 for e in ev))
+    os.kill(launched.worker_pids()[-1], signal.SIGKILL)
+    assert launched.wait() == 0, launched.output()
+
+    events = launched.events()
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    assert len(starts) == 2, events
+    before, resumed = events[: starts[1]], events[starts[1]]
+    last_step_before = max(e["step"] for e in steps(before))
+    last_checkpoint_before = max(e["step"] for e in before if e["event"] == "checkpoint")
+    assert resumed["restart_count"] == 1
+    assert resumed["step"] == last_checkpoint_before
+    assert resumed["resumed_from"].endswith(f"step-{last_checkpoint_before:08d}")
+    assert 0 <= last_step_before - resumed["step"] <= interval
+    assert events[-1]["event"] == "done" and events[-1]["step"] == 200
+    assert_positions_consistent(events)
+
+
+def test_sigterm_saves_then_next_run_resumes_there(tmp_path: Path, cleanup_launches: list) -> None:
+    run_dir = tmp_path / "run"
+    launched = launch(run_dir, ["train.steps=400", "checkpoint.interval_steps=1000"])
+    cleanup_launches.append(launched)
+    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 30 for e in ev))
+    os.kill(launched.worker_pids()[0], signal.SIGTERM)
+    assert launched.wait() != 0  # an interrupted run must not look finished to torchrun or Volcano
+    assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in launched.output()
+
+    events = launched.events()
+    stopped = events[-1]
+    assert stopped["event"] == "stopped" and stopped["signal"] == "SIGTERM"
+    stop_step = stopped["step"]
+    assert 30 <= stop_step < 400
+    assert (step_dir(run_dir / "checkpoints", stop_step) / COMMIT).exists()
+    assert read_commit(step_dir(run_dir / "checkpoints", stop_step))["world_size"] == 2
+
+    resumed = run(run_dir, [f"train.steps={stop_step + 10}", "checkpoint.interval_steps=1000"]).events()
+    start = [e for e in resumed if e["event"] == "start"][-1]
+    assert start["step"] == stop_step and start["samples"] == stop_step * GLOBAL_BATCH
+    assert resumed[-1]["event"] == "done" and resumed[-1]["step"] == stop_step + 10
+
+
+@pytest.mark.parametrize("damage", ["commit_missing", "file_truncated", "metadata_corrupt"])
+def test_torn_checkpoint_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+    run_dir = tmp_path / "run"
+    overrides = ["checkpoint.interval_steps=10", "checkpoint.keep_last=3"]
+    run(run_dir, ["train.steps=30", *overrides], nproc=1, torchrun=False)
+    newest = step_dir(run_dir / "checkpoints", 30)
+    if damage == "commit_missing":
+        (newest / COMMIT).unlink()
+    elif damage == "file_truncated":
+        shard = next(newest.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    else:  # same size, so only the load itself can notice
+        metadata = newest / ".metadata"
+        metadata.write_bytes(b"\0" * metadata.stat().st_size)
+
+    launched = run(run_dir, ["train.steps=35", *overrides], nproc=1, torchrun=False)
+    start = [e for e in launched.events() if e["event"] == "start"][-1]
+    assert start["step"] == 20 and start["resumed_from"].endswith("step-00000020")
+    expected_warning = "checkpoint_unloadable" if damage == "metadata_corrupt" else "checkpoint_ignored"
+    assert expected_warning in launched.output()
+
+
+def test_resume_with_smaller_world_continues_position(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run(run_dir, ["train.steps=60", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=2)
+    launched = run(run_dir, ["train.steps=90", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=1)
+    events = launched.events()
+    start = [e for e in events if e["event"] == "start"][-1]
+    assert start["world_size"] == 1 and start["accum"] == 4  # same global batch, twice the accumulation
+    assert start["step"] == 60 and start["samples"] == 60 * GLOBAL_BATCH
+    assert "powersgd_state_reinitialized" in launched.output()
+    assert events[-1]["event"] == "done" and events[-1]["step"] == 90
+    assert_positions_consistent(events)
+    # The model kept learning across the resize instead of starting over.
+    assert mean_loss(events, 61, 65) < 0.7 * mean_loss(events, 1, 5)
+
+
+def test_powersgd_cuts_gradient_bytes_by_expected_factor_and_converges(tmp_path: Path) -> None:
+    rank, start_iter = 2, 5
+    events = run(
+        tmp_path / "run",
+        ["comm.hook=powersgd", f"comm.powersgd_rank={rank}", f"comm.powersgd_start_iter={start_iter}"],
+    ).events()
+    plain, compressed = expected_grad_bytes(rank, CFG.comm.powersgd_min_compression_rate)
+    by_step = {e["step"]: e["grad_bytes"] for e in steps(events)}
+    assert all(by_step[s] == plain for s in range(1, start_iter + 1))  # warm-up: plain all-reduce
+    assert {by_step[s] for s in range(start_iter + 1, 151)} == {compressed}
+    assert plain / compressed > 5
+    assert mean_loss(events, 140, 150) < 0.7 * mean_loss(events, 1, 5)
+
+
+def test_resume_restores_powersgd_state_when_world_unchanged(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    overrides = ["comm.hook=powersgd", "comm.powersgd_start_iter=5", "checkpoint.interval_steps=20"]
+    run(run_dir, ["train.steps=20", *overrides])
+    events = run(run_dir, ["train.steps=25", *overrides]).events()
+    _, compressed = expected_grad_bytes(CFG.comm.powersgd_rank, CFG.comm.powersgd_min_compression_rate)
+    # With the hook's step counter restored, compression continues at once instead of a new warm-up.
+    assert {e["grad_bytes"] for e in steps(events) if e["step"] > 20} == {compressed}
+
+
+def test_checkpoint_dir_layout_is_documented_shape(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run(run_dir, ["train.steps=10", "checkpoint.interval_steps=5"], nproc=2)
+    ckpt = step_dir(run_dir / "checkpoints", 10)
+    names = {p.name for p in ckpt.iterdir()}
+    assert {COMMIT, ".metadata", "__0_0.distcp", "__1_0.distcp"} <= names
+    assert set(read_commit(ckpt)["files"]) == names - {COMMIT}

@@ -1,0 +1,118 @@
+"""Launching the trainer under torchrun (CPU, gloo) in subprocesses, for the workloads tests and bench."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOADS = REPO / "workloads"
+TINY = WORKLOADS / "configs" / "tiny.yaml"
+
+if str(WORKLOADS) not in sys.path:  # works without `pip install -e workloads` too
+    sys.path.insert(0, str(WORKLOADS))
+
+from trainyard_train.progress import read_progress  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKLOADS), env.get("PYTHONPATH")]))
+    env.pop("TRAINYARD_METRICS_PORT", None)
+    return env
+
+
+@dataclass
+class Launch:
+    proc: subprocess.Popen[str]
+    run_dir: Path
+    log_path: Path
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "progress.jsonl"
+        return read_progress(path) if path.exists() else []
+
+    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.events()):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"run exited ({self.proc.returncode}) before condition:\n{self.output()}"
+                )
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for condition:\n{self.output()}")
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def worker_pids(self) -> list[int]:
+        """Direct children of the torchrun agent are the worker processes."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return [int(pid) for pid in children]
+
+
+def launch(
+    run_dir: Path,
+    overrides: Sequence[str] = (),
+    *,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    torchrun: bool = True,
+) -> Launch:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = ["-m", "trainyard_train", "--config", str(TINY), f"run_dir={run_dir}", *overrides]
+    if torchrun:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes=1:{nproc}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            # min < max makes the rendezvous wait for late joiners; nobody else is coming here.
+            "--rdzv-conf=last_call_timeout=1",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.1",
+            *trainer,
+        ]
+    else:
+        cmd = [sys.executable, *trainer]
+    log_path = run_dir / f"launch-{time.monotonic_ns()}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(), text=True, start_new_session=True
+        )
+    return Launch(proc, run_dir, log_path)
+
+
+def run(run_dir: Path, overrides: Sequence[str] = (), **kwargs: Any) -> Launch:
+    """Launch and wait; fail with the run's output if it does not exit 0."""
+    launched = launch(run_dir, overrides, **kwargs)
+    rc = launched.wait()
+    assert rc == 0, f"exit {rc}:\n{launched.output()}"
+    return launched
+
+
+def steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "step"]
