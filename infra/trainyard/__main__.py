@@ -15,10 +15,10 @@ from pathlib import Path
 
 from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
+from trainyard.paths import STACKS_DIR
 from trainyard.plan import report
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.recording import Recording
-from trainyard.paths import STACKS_DIR
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import write_plan
 

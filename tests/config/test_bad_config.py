@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.plan.recording import Recording
@@ -202,7 +201,8 @@ def test_cli_reports_without_traceback(tmp_path: Path, prod: Raw) -> None:
     _set("nodePool", [])(raw)
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    (stacks / "Pulumi.broken.yaml").write_text(yaml.safe_dump({"config": {f"trainyard:{k}": v for k, v in raw.items()}}))
+    config = {f"trainyard:{k}": v for k, v in raw.items()}
+    (stacks / "Pulumi.broken.yaml").write_text(yaml.safe_dump({"config": config}))
     result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "broken", "--stacks-dir",
                              str(stacks)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2

@@ -19,7 +19,9 @@ RULES_DIR = REPO / "platform" / "monitoring" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yaml"))
 TEST_FILES = sorted((RULES_DIR / "tests").glob("*.test.yaml"))
 README = REPO / "platform" / "monitoring" / "README.md"
-PROMETHEUS_RULE_SCHEMA = REPO.parent / "shared" / "upstream" / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
+PROMETHEUS_RULE_SCHEMA = (
+    REPO.parent / "shared" / "upstream" / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
+)
 SEVERITIES = {"warning", "critical"}
 
 
@@ -63,20 +65,34 @@ def _anchor(heading: str) -> str:
 
 
 def test_catalogue_is_not_empty() -> None:
-    assert {path.name for path in RULE_FILES} == {"gpu.rules.yaml", "training.rules.yaml", "cluster.rules.yaml"}
+    assert {path.name for path in RULE_FILES} == {
+        "gpu.rules.yaml",
+        "training.rules.yaml",
+        "cluster.rules.yaml",
+    }
     assert len(TEST_FILES) == len(RULE_FILES)
 
 
 def test_promtool_check_rules() -> None:
-    result = subprocess.run([_promtool(), "check", "rules", *map(str, RULE_FILES)],
-                            capture_output=True, text=True, check=False, timeout=60)
+    result = subprocess.run(
+        [_promtool(), "check", "rules", *map(str, RULE_FILES)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
 def test_promtool_unit_tests(test_file: Path) -> None:
-    result = subprocess.run([_promtool(), "test", "rules", str(test_file)],
-                            capture_output=True, text=True, check=False, timeout=60)
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(test_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -87,12 +103,16 @@ def test_every_alert_fires_in_one_case_and_stays_silent_in_another(rule_file: Pa
         name = alert["alert"]
         checks = [check for check in cases if check["alertname"] == name]
         assert any(check.get("exp_alerts") for check in checks), f"{name}: no test case where it fires"
-        assert any(not check.get("exp_alerts") for check in checks), f"{name}: no near-miss case where it is silent"
+        assert any(not check.get("exp_alerts") for check in checks), (
+            f"{name}: no near-miss case where it is silent"
+        )
 
 
 @pytest.mark.parametrize("rule_file", RULE_FILES, ids=lambda path: path.name)
 def test_every_recording_rule_is_evaluated_in_a_test(rule_file: Path) -> None:
-    exprs = " ".join(check["expr"] for test in _tests_for(rule_file) for check in test.get("promql_expr_test", []))
+    exprs = " ".join(
+        check["expr"] for test in _tests_for(rule_file) for check in test.get("promql_expr_test", [])
+    )
     for rule in _rules(rule_file):
         if "record" in rule:
             assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z_]+", rule["record"]), rule["record"]
@@ -118,19 +138,29 @@ def test_alerts_carry_severity_annotations_and_a_runbook_that_exists() -> None:
 
 def test_rule_files_fit_the_prometheusrule_crd() -> None:
     if not PROMETHEUS_RULE_SCHEMA.is_file():
-        pytest.skip(f"PrometheusRule schema not found at {PROMETHEUS_RULE_SCHEMA} (needs ../shared upstream data)")
+        pytest.skip(
+            f"PrometheusRule schema not found at {PROMETHEUS_RULE_SCHEMA} (needs ../shared upstream data)"
+        )
     # Not jsonschema.validate: its schema self-check rejects the CRD's Go-style inline (?i) regex flags.
     validator = jsonschema.Draft7Validator(json.loads(PROMETHEUS_RULE_SCHEMA.read_text()))
     for rule_file in RULE_FILES:
-        document = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                    "metadata": {"name": rule_file.name.removesuffix(".rules.yaml"), "namespace": "monitoring"},
-                    "spec": _load(rule_file)}
-        errors = [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+        document = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {"name": rule_file.name.removesuffix(".rules.yaml"), "namespace": "monitoring"},
+            "spec": _load(rule_file),
+        }
+        errors = [
+            f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+            for error in validator.iter_errors(document)
+        ]
         assert not errors, (rule_file.name, errors)
 
 
 ADAPTER_RULES = REPO / "platform" / "prometheus-adapter" / "rules.yaml"
-ADAPTER_CHART_VALUES = REPO.parent / "shared" / "upstream" / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
+ADAPTER_CHART_VALUES = (
+    REPO.parent / "shared" / "upstream" / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
+)
 
 
 def _adapter_rule() -> dict[str, Any]:
@@ -159,35 +189,115 @@ def test_adapter_exposes_trainyard_gpu_utilization_per_pod() -> None:
 
 
 def test_adapter_metrics_query_averages_a_pods_gpus_as_percent(tmp_path: Path) -> None:
-    # Render the query as prometheus-adapter would for `kubectl get --raw .../team-a/pods/*/trainyard_gpu_utilization`
-    # and evaluate it with promtool against series shaped like dcgm-exporter's.
+    # Render the query as prometheus-adapter would for
+    # `kubectl get --raw .../namespaces/team-a/pods/*/trainyard_gpu_utilization` and evaluate it with
+    # promtool against series shaped like dcgm-exporter's.
     rule = _adapter_rule()
     series_name = rule["name"]["matches"].strip("^$")
-    query = (rule["metricsQuery"]
-             .replace("<<.Series>>", series_name)
-             .replace("<<.LabelMatchers>>", 'exported_namespace="team-a",exported_pod=~"train-0|train-1"')
-             .replace("<<.GroupBy>>", "exported_pod"))
-    labels = 'Hostname="n1",namespace="gpu-operator",exported_namespace="{ns}",exported_pod="{pod}",gpu="{gpu}"'
-    series = [("team-a", "train-0", "0", "0.5"), ("team-a", "train-0", "1", "0.7"),
-              ("team-a", "train-1", "2", "0.9"), ("team-b", "train-0", "3", "0.1"),
-              ("", "", "4", "0")]  # an unallocated GPU: empty labels are absent labels
+    query = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series_name)
+        .replace("<<.LabelMatchers>>", 'exported_namespace="team-a",exported_pod=~"train-0|train-1"')
+        .replace("<<.GroupBy>>", "exported_pod")
+    )
+    labels = (
+        'Hostname="n1",namespace="gpu-operator",exported_namespace="{ns}",exported_pod="{pod}",gpu="{gpu}"'
+    )
+    series = [
+        ("team-a", "train-0", "0", "0.5"),
+        ("team-a", "train-0", "1", "0.7"),
+        ("team-a", "train-1", "2", "0.9"),
+        ("team-b", "train-0", "3", "0.1"),
+        ("", "", "4", "0"),
+    ]  # an unallocated GPU: empty labels are absent labels
     test = {
         "rule_files": [],
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": f"{series_name}{{{labels.format(ns=ns, pod=pod, gpu=gpu)}}}",
-                              "values": f"{value}x5"} for ns, pod, gpu, value in series],
-            "promql_expr_test": [
-                {"expr": query, "eval_time": "2m",
-                 "exp_samples": [{"labels": '{exported_pod="train-0"}', "value": 60},
-                                 {"labels": '{exported_pod="train-1"}', "value": 90}]},
-                {"expr": f"count({rule['seriesQuery']})", "eval_time": "2m",
-                 "exp_samples": [{"labels": "{}", "value": 4}]},
-            ],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f"{series_name}{{{labels.format(ns=ns, pod=pod, gpu=gpu)}}}",
+                        "values": f"{value}x5",
+                    }
+                    for ns, pod, gpu, value in series
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": query,
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {"labels": '{exported_pod="train-0"}', "value": 60},
+                            {"labels": '{exported_pod="train-1"}', "value": 90},
+                        ],
+                    },
+                    {
+                        "expr": f"count({rule['seriesQuery']})",
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "{}", "value": 4}],
+                    },
+                ],
+            }
+        ],
     }
     test_file = tmp_path / "adapter.test.yaml"
     test_file.write_text(yaml.safe_dump(test))
-    result = subprocess.run([_promtool(), "test", "rules", str(test_file)],
-                            capture_output=True, text=True, check=False, timeout=60)
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(test_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+DASHBOARDS = sorted((REPO / "platform" / "monitoring" / "dashboards").glob("*.json"))
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    # promtool parses every panel query once Grafana's variables are replaced by what Grafana would send.
+    exprs = [
+        target["expr"]
+        for path in DASHBOARDS
+        for panel in json.loads(path.read_text())["panels"]
+        for target in panel.get("targets", [])
+    ]
+    assert len(exprs) > 30
+    rendered = [re.sub(r"\$\{?\w+\}?", ".*", expr.replace("$__rate_interval", "5m")) for expr in exprs]
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [
+                    {"record": f"dashboard:query_{index}:check", "expr": expr}
+                    for index, expr in enumerate(rendered)
+                ],
+            }
+        ]
+    }
+    rule_file = tmp_path / "dashboards.rules.yaml"
+    rule_file.write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        [_promtool(), "check", "rules", str(rule_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+GPU_OPERATOR_VALUES = REPO / "platform" / "gpu-operator" / "values.yaml"
+
+
+def test_dcgm_service_monitor_keeps_workload_labels_as_exported() -> None:
+    # Rules, dashboards and adapter find the pod holding a GPU in exported_namespace/exported_pod. With
+    # honorLabels true an unallocated GPU's series would instead inherit the exporter pod's own namespace/pod
+    # target labels and look allocated to it.
+    if not GPU_OPERATOR_VALUES.is_file():
+        pytest.skip(f"{GPU_OPERATOR_VALUES} not present")
+    service_monitor = _load(GPU_OPERATOR_VALUES)["dcgmExporter"]["serviceMonitor"]
+    assert service_monitor.get("honorLabels", False) is False, (
+        f"{GPU_OPERATOR_VALUES}: dcgmExporter.serviceMonitor.honorLabels must be false (the default)"
+    )

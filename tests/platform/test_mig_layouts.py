@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from trainyard.config.mig import (
     COMPUTE_SLICES,
     GPU_DEVICE_IDS,
@@ -31,7 +30,9 @@ GPU_MEMORY_GB = {"A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80, "H200-141GB"
 @pytest.fixture(scope="module")
 def nvidia_table() -> dict[str, Any]:
     if not NVIDIA_TABLE.is_file():
-        pytest.skip(f"NVIDIA mig-parted table not found at {NVIDIA_TABLE} (needs the ../shared upstream data)")
+        pytest.skip(
+            f"NVIDIA mig-parted table not found at {NVIDIA_TABLE} (needs the ../shared upstream data)"
+        )
     table: dict[str, Any] = yaml.safe_load(NVIDIA_TABLE.read_text())["mig-configs"]
     return table
 
@@ -44,8 +45,8 @@ def _ids(entry: Mapping[str, Any]) -> list[str] | None:
 
 
 def nvidia_geometries(table: Mapping[str, Any], gpu: str) -> Iterator[tuple[str, dict[str, int]]]:
-    """NVIDIA's MIG geometries for one GPU: entries filtered to its device ID, plus unfiltered entries made only
-    of that GPU's profiles (NVIDIA groups those by comment, which a parser cannot read)."""
+    """NVIDIA's MIG geometries for one GPU: entries filtered to its device ID, plus unfiltered entries made
+    only of that GPU's profiles (NVIDIA groups those by comment, which a parser cannot read)."""
     device_id = GPU_DEVICE_IDS[gpu]
     for name, entries in table.items():
         for entry in entries:
@@ -53,7 +54,9 @@ def nvidia_geometries(table: Mapping[str, Any], gpu: str) -> Iterator[tuple[str,
             if not entry.get("mig-enabled") or not devices:
                 continue
             ids = _ids(entry)
-            if (ids is not None and device_id in ids) or (ids is None and set(devices) <= set(MIG_PROFILES[gpu])):
+            if (ids is not None and device_id in ids) or (
+                ids is None and set(devices) <= set(MIG_PROFILES[gpu])
+            ):
                 yield name, devices
 
 
@@ -87,8 +90,11 @@ def test_device_ids_select_the_gpus_nvidia_lists_under_them(nvidia_table: dict[s
     # proves our device-filter IDs point at the GPUs we think they do.
     catalog = load_mig_catalog()
     for gpu in GPU_MODELS:
-        nvidia_balanced = [dict(entry["mig-devices"]) for entry in nvidia_table["all-balanced"]
-                           if GPU_DEVICE_IDS[gpu] in (_ids(entry) or [])]
+        nvidia_balanced = [
+            dict(entry["mig-devices"])
+            for entry in nvidia_table["all-balanced"]
+            if GPU_DEVICE_IDS[gpu] in (_ids(entry) or [])
+        ]
         assert nvidia_balanced == [dict(catalog.slices("balanced", gpu))], gpu
 
 
@@ -131,22 +137,27 @@ def test_placement_rule_accepts_every_nvidia_geometry(nvidia_table: dict[str, An
 
 @pytest.mark.parametrize("gpu", GPU_MODELS)
 def test_placement_rule_rejects_one_more_than_nvidia_maximum(nvidia_table: dict[str, Any], gpu: str) -> None:
-    singles = [(name, geometry) for name, geometry in nvidia_geometries(nvidia_table, gpu) if len(geometry) == 1]
+    singles = [
+        (name, geometry) for name, geometry in nvidia_geometries(nvidia_table, gpu) if len(geometry) == 1
+    ]
     assert {profile for _, geometry in singles for profile in geometry} == set(MIG_PROFILES[gpu])
     for name, geometry in singles:
         ((profile, count),) = geometry.items()
         assert not fits(gpu, {profile: count + 1}), name
 
 
-@pytest.mark.parametrize(("geometry", "valid"), [
-    ({"3g.20gb": 2, "1g.5gb": 1}, False),     # 7 compute slices, but the two 3g take all 8 memory slices
-    ({"4g.20gb": 1, "3g.20gb": 1}, True),
-    ({"2g.10gb": 2, "3g.20gb": 1}, True),     # the 3g must sit at slice 4 for this to fit
-    ({"2g.10gb": 3, "1g.10gb": 1}, True),
-    ({"4g.20gb": 1, "2g.10gb": 2}, False),    # 8 compute slices
-    ({"1g.10gb": 4, "1g.5gb": 1}, False),
-    ({"7g.40gb": 1, "1g.5gb": 1}, False),
-])
+@pytest.mark.parametrize(
+    ("geometry", "valid"),
+    [
+        ({"3g.20gb": 2, "1g.5gb": 1}, False),  # 7 compute slices, but the two 3g take all 8 memory slices
+        ({"4g.20gb": 1, "3g.20gb": 1}, True),
+        ({"2g.10gb": 2, "3g.20gb": 1}, True),  # the 3g must sit at slice 4 for this to fit
+        ({"2g.10gb": 3, "1g.10gb": 1}, True),
+        ({"4g.20gb": 1, "2g.10gb": 2}, False),  # 8 compute slices
+        ({"1g.10gb": 4, "1g.5gb": 1}, False),
+        ({"7g.40gb": 1, "1g.5gb": 1}, False),
+    ],
+)
 def test_placement_rule_on_known_a100_combinations(geometry: dict[str, int], valid: bool) -> None:
     assert fits("A100-40GB", geometry) is valid
 
@@ -181,8 +192,11 @@ def test_slices_numbers() -> None:
 def test_training_mixed_uses_the_whole_gpu() -> None:
     catalog = load_mig_catalog()
     for gpu in GPU_MODELS:
-        shapes = [MIG_PROFILES[gpu][profile] for profile, count in catalog.slices("training-mixed", gpu).items()
-                  for _ in range(count)]
+        shapes = [
+            MIG_PROFILES[gpu][profile]
+            for profile, count in catalog.slices("training-mixed", gpu).items()
+            for _ in range(count)
+        ]
         assert sum(shape.compute for shape in shapes) == COMPUTE_SLICES, gpu
         assert sum(shape.memory for shape in shapes) == MEMORY_SLICES, gpu
 
@@ -190,7 +204,10 @@ def test_training_mixed_uses_the_whole_gpu() -> None:
 def test_resource_names_under_mixed_strategy() -> None:
     catalog = load_mig_catalog()
     assert catalog.resource_names("balanced", "A100-80GB") == {
-        "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-2g.20gb": 1, "nvidia.com/mig-3g.40gb": 1}
+        "nvidia.com/mig-1g.10gb": 2,
+        "nvidia.com/mig-2g.20gb": 1,
+        "nvidia.com/mig-3g.40gb": 1,
+    }
     assert catalog.resource_names("all-7g", "H200-141GB") == {"nvidia.com/mig-7g.141gb": 1}
     assert catalog.resource_names("all-disabled", "A100-40GB") == {"nvidia.com/gpu": 1}
 
@@ -205,28 +222,50 @@ def test_loader_is_cached() -> None:
     assert load_mig_catalog() is load_mig_catalog()
 
 
-_ENTRY = "    - device-filter: {id}\n      devices: all\n      mig-enabled: true\n      mig-devices: {devices}\n"
+_ENTRY = (
+    "    - device-filter: {id}\n      devices: all\n      mig-enabled: true\n      mig-devices: {devices}\n"
+)
 
 
 def _layout(devices: str, device_id: str = '"0x233010DE"') -> str:
     return "version: v1\nmig-configs:\n  bad:\n" + _ENTRY.format(id=device_id, devices=devices)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("version: v2\nmig-configs: {}\n", "version: expected 'v1'"),
-    ("version: v1\nmig-configs: [\n", "not valid YAML"),
-    ("version: v1\nmig-configs: {}\n", "mig-configs: expected a non-empty mapping"),
-    (_layout('{"1g.5gb": 7}'), "mig-configs.bad[0].mig-devices: H100-80GB has no MIG profile 1g.5gb"),
-    (_layout('{"3g.40gb": 3}'), "mig-configs.bad[0].mig-devices: 3x3g.40gb cannot be placed on one H100-80GB"),
-    (_layout('{"1g.10gb": 0}'), "mig-configs.bad[0].mig-devices.1g.10gb: expected a positive count"),
-    (_layout("{}"), "mig-configs.bad[0].mig-devices: MIG is enabled but no instances"),
-    (_layout('{"1g.6gb": 4}', '"0x20B710DE"'), "mig-configs.bad[0].device-filter: unsupported device 0x20B710DE"),
-    (_layout('{"7g.80gb": 1}', '["0x233010DE", "0x233010DE"]'), "mig-configs.bad[0]: a second entry for H100-80GB"),
-    (_layout('{"7g.80gb": 1}').replace("devices: all", "devices: [0, 1]"), "mig-configs.bad[0].devices: must be"),
-    (_layout('{"7g.80gb": 1}').replace("mig-enabled: true", "mig-enabled: yes please"),
-     "mig-configs.bad[0].mig-enabled: expected true or false"),
-    (_layout('{"7g.80gb": 1}').replace("  bad:", "  Bad Name:"), "mig-configs.Bad Name: layout name must be"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version: v2\nmig-configs: {}\n", "version: expected 'v1'"),
+        ("version: v1\nmig-configs: [\n", "not valid YAML"),
+        ("version: v1\nmig-configs: {}\n", "mig-configs: expected a non-empty mapping"),
+        (_layout('{"1g.5gb": 7}'), "mig-configs.bad[0].mig-devices: H100-80GB has no MIG profile 1g.5gb"),
+        (
+            _layout('{"3g.40gb": 3}'),
+            "mig-configs.bad[0].mig-devices: 3x3g.40gb cannot be placed on one H100-80GB",
+        ),
+        (_layout('{"1g.10gb": 0}'), "mig-configs.bad[0].mig-devices.1g.10gb: expected a positive count"),
+        (_layout("{}"), "mig-configs.bad[0].mig-devices: MIG is enabled but no instances"),
+        (
+            _layout('{"1g.6gb": 4}', '"0x20B710DE"'),
+            "mig-configs.bad[0].device-filter: unsupported device 0x20B710DE",
+        ),
+        (
+            _layout('{"7g.80gb": 1}', '["0x233010DE", "0x233010DE"]'),
+            "mig-configs.bad[0]: a second entry for H100-80GB",
+        ),
+        (
+            _layout('{"7g.80gb": 1}').replace("devices: all", "devices: [0, 1]"),
+            "mig-configs.bad[0].devices: must be",
+        ),
+        (
+            _layout('{"7g.80gb": 1}').replace("mig-enabled: true", "mig-enabled: yes please"),
+            "mig-configs.bad[0].mig-enabled: expected true or false",
+        ),
+        (
+            _layout('{"7g.80gb": 1}').replace("  bad:", "  Bad Name:"),
+            "mig-configs.Bad Name: layout name must be",
+        ),
+    ],
+)
 def test_loader_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "layouts.yaml"
     path.write_text(text)

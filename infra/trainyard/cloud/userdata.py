@@ -105,9 +105,7 @@ def node_config(kubelet: KubeletSettings) -> dict[str, object]:
     spec: dict[str, object] = {
         "containerd": {
             "baseRuntimeSpec": {
-                "process": {
-                    "rlimits": [{"type": "RLIMIT_NOFILE", "soft": POD_NOFILE_SOFT, "hard": POD_NOFILE_HARD}]
-                }
+                "process": {"rlimits": [{"type": "RLIMIT_NOFILE", "soft": POD_NOFILE_SOFT, "hard": POD_NOFILE_HARD}]}
             }
         }
     }

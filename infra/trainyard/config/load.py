@@ -12,8 +12,8 @@ from typing import Any
 
 import pulumi
 import pydantic
-from pydantic import BaseModel
 from pulumi.runtime import config as runtime_config
+from pydantic import BaseModel
 
 from trainyard.config import rules
 from trainyard.config.mig import load_mig_catalog

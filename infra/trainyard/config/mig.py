@@ -20,12 +20,14 @@ import yaml
 GPU_MODELS: tuple[str, ...] = ("A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB")
 
 # PCI device IDs in the form NVIDIA's mig-parted tables use for `device-filter`.
-GPU_DEVICE_IDS: Mapping[str, str] = MappingProxyType({
-    "A100-40GB": "0x20B010DE",   # A100-SXM4-40GB, p4d
-    "A100-80GB": "0x20B210DE",   # A100-SXM4-80GB, p4de
-    "H100-80GB": "0x233010DE",   # H100-SXM5-80GB, p5
-    "H200-141GB": "0x233510DE",  # H200-SXM5-141GB, p5e / p5en
-})
+GPU_DEVICE_IDS: Mapping[str, str] = MappingProxyType(
+    {
+        "A100-40GB": "0x20B010DE",  # A100-SXM4-40GB, p4d
+        "A100-80GB": "0x20B210DE",  # A100-SXM4-80GB, p4de
+        "H100-80GB": "0x233010DE",  # H100-SXM5-80GB, p5
+        "H200-141GB": "0x233510DE",  # H200-SXM5-141GB, p5e / p5en
+    }
+)
 
 WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_LAYOUTS_PATH = Path(__file__).resolve().parents[3] / "platform" / "gpu-operator" / "mig-layouts.yaml"
@@ -36,7 +38,7 @@ MEMORY_SLICES = 8
 
 @dataclass(frozen=True, slots=True)
 class SliceShape:
-    """How a MIG profile occupies a GPU: compute slices, memory slices, and the memory slices it may start at."""
+    """How a MIG profile occupies a GPU: compute slices, memory slices, memory slices it may start at."""
 
     compute: int
     memory: int
@@ -54,18 +56,26 @@ _7G = SliceShape(compute=7, memory=8, starts=(0,))
 
 def _profiles(one: str, two: str, four: str, eight: str) -> Mapping[str, SliceShape]:
     """A GPU's profile names; NVIDIA names each by the memory of a 1-, 2-, 4- and 8-memory-slice instance."""
-    return MappingProxyType({
-        f"1g.{one}": _1G, f"1g.{two}": _1G_DOUBLE_MEMORY, f"2g.{two}": _2G,
-        f"3g.{four}": _3G, f"4g.{four}": _4G, f"7g.{eight}": _7G,
-    })
+    return MappingProxyType(
+        {
+            f"1g.{one}": _1G,
+            f"1g.{two}": _1G_DOUBLE_MEMORY,
+            f"2g.{two}": _2G,
+            f"3g.{four}": _3G,
+            f"4g.{four}": _4G,
+            f"7g.{eight}": _7G,
+        }
+    )
 
 
-MIG_PROFILES: Mapping[str, Mapping[str, SliceShape]] = MappingProxyType({
-    "A100-40GB": _profiles("5gb", "10gb", "20gb", "40gb"),
-    "A100-80GB": _profiles("10gb", "20gb", "40gb", "80gb"),
-    "H100-80GB": _profiles("10gb", "20gb", "40gb", "80gb"),
-    "H200-141GB": _profiles("18gb", "35gb", "71gb", "141gb"),
-})
+MIG_PROFILES: Mapping[str, Mapping[str, SliceShape]] = MappingProxyType(
+    {
+        "A100-40GB": _profiles("5gb", "10gb", "20gb", "40gb"),
+        "A100-80GB": _profiles("10gb", "20gb", "40gb", "80gb"),
+        "H100-80GB": _profiles("10gb", "20gb", "40gb", "80gb"),
+        "H200-141GB": _profiles("18gb", "35gb", "71gb", "141gb"),
+    }
+)
 
 # Layout names become the value of the node label nvidia.com/mig.config.
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
@@ -82,7 +92,7 @@ def mig_resource_name(profile: str) -> str:
 
 
 def fits(gpu_model: str, geometry: Mapping[str, int]) -> bool:
-    """Whether ``geometry`` (profile -> instances) can be placed on one GPU of ``gpu_model`` at the same time."""
+    """Whether ``geometry`` (profile -> instances) can be placed on one GPU of ``gpu_model`` at once."""
     shapes = MIG_PROFILES.get(gpu_model)
     if shapes is None:
         raise ValueError(f"unknown GPU model {gpu_model!r}; known: {', '.join(GPU_MODELS)}")
@@ -130,9 +140,13 @@ class MigCatalog:
     def slices(self, layout: str, gpu_model: str) -> Mapping[str, int]:
         """MIG profile -> instances on each GPU; empty for a layout that leaves MIG off."""
         if not self.supports(layout, gpu_model):
-            known = ", ".join(sorted(name for name, entry in self.layouts.items() if gpu_model in entry.per_gpu))
+            known = ", ".join(
+                sorted(name for name, entry in self.layouts.items() if gpu_model in entry.per_gpu)
+            )
             raise MigConfigError(
-                f"{self.source}: no MIG layout {layout!r} for GPU {gpu_model!r}; layouts for it: {known or 'none'}")
+                f"{self.source}: no MIG layout {layout!r} for GPU {gpu_model!r}; "
+                f"layouts for it: {known or 'none'}"
+            )
         return self.layouts[layout].per_gpu[gpu_model]
 
     def resource_names(self, layout: str, gpu_model: str) -> Mapping[str, int]:
@@ -204,7 +218,9 @@ def _parse_geometry(path: Path, key: str, entry: Any) -> Mapping[str, int]:
         raise MigConfigError(f"{path}: {key}.mig-devices: instances listed while mig-enabled is false")
     for profile, count in devices.items():
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise MigConfigError(f"{path}: {key}.mig-devices.{profile}: expected a positive count, got {count!r}")
+            raise MigConfigError(
+                f"{path}: {key}.mig-devices.{profile}: expected a positive count, got {count!r}"
+            )
     return MappingProxyType({str(profile): count for profile, count in devices.items()})
 
 
@@ -219,16 +235,21 @@ def _filtered_gpus(path: Path, key: str, device_filter: Any) -> tuple[str, ...]:
     if unknown:
         raise MigConfigError(
             f"{path}: {key}.device-filter: unsupported device {', '.join(unknown)}; "
-            f"supported: {', '.join(f'{gpu}={device_id}' for gpu, device_id in GPU_DEVICE_IDS.items())}")
+            f"supported: {', '.join(f'{gpu}={device_id}' for gpu, device_id in GPU_DEVICE_IDS.items())}"
+        )
     return tuple(by_id[item.lower()] for item in ids)
 
 
 def _check_fits(path: Path, key: str, gpu: str, geometry: Mapping[str, int]) -> None:
     unknown = sorted(set(geometry) - set(MIG_PROFILES[gpu]))
     if unknown:
-        raise MigConfigError(f"{path}: {key}.mig-devices: {gpu} has no MIG profile {', '.join(unknown)}; "
-                             f"its profiles: {', '.join(MIG_PROFILES[gpu])}")
+        raise MigConfigError(
+            f"{path}: {key}.mig-devices: {gpu} has no MIG profile {', '.join(unknown)}; "
+            f"its profiles: {', '.join(MIG_PROFILES[gpu])}"
+        )
     if not fits(gpu, geometry):
         layout = ", ".join(f"{count}x{profile}" for profile, count in geometry.items())
-        raise MigConfigError(f"{path}: {key}.mig-devices: {layout} cannot be placed on one {gpu} "
-                             f"({COMPUTE_SLICES} compute / {MEMORY_SLICES} memory slices)")
+        raise MigConfigError(
+            f"{path}: {key}.mig-devices: {layout} cannot be placed on one {gpu} "
+            f"({COMPUTE_SLICES} compute / {MEMORY_SLICES} memory slices)"
+        )

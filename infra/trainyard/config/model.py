@@ -75,6 +75,9 @@ TaintEffect = Literal["NoSchedule", "NoExecute", "PreferNoSchedule"]
 LogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
 JobKind = Literal["elastic", "mig", "smoke"]
 
+_DEFAULT_LOG_TYPES: tuple[LogType, ...] = ("api", "audit", "authenticator")
+_ON_DEMAND: tuple[CapacityType, ...] = ("on-demand",)
+
 
 class Model(BaseModel):
     """Stack files spell keys in camelCase; unknown keys are rejected, so a typo never passes silently."""
@@ -107,7 +110,7 @@ class NetworkSettings(Model):
 
 class ClusterSettings(Model):
     kubernetes_version: Literal["1.33", "1.34"] = "1.34"
-    log_types: list[LogType] = Field(default_factory=lambda: ["api", "audit", "authenticator"])
+    log_types: list[LogType] = Field(default_factory=lambda: list(_DEFAULT_LOG_TYPES))
 
 
 class Taint(Model):
@@ -120,7 +123,7 @@ class NodePool(Model):
     name: DnsLabel
     role: PoolRole
     instance_types: list[str] = Field(min_length=1)
-    capacity_types: list[CapacityType] = Field(default_factory=lambda: ["on-demand"], min_length=1, max_length=2)
+    capacity_types: list[CapacityType] = Field(default_factory=lambda: list(_ON_DEMAND), min_length=1, max_length=2)
     min_size: NonNegative = 0
     # For GPU pools (Karpenter) this is the planning figure for cost; Karpenter itself has no desired count.
     desired_size: NonNegative = 0

@@ -30,9 +30,11 @@ class KubernetesRelease:
 KUBERNETES_RELEASES: dict[str, KubernetesRelease] = {
     r.version: r
     for r in (
-        KubernetesRelease("1.33", "20261103", "1.33.6-20261103", "v1.12.4-eksbuild.1", "v1.52.1-eksbuild.1", "v1.3.10-eksbuild.1",
-                          "v8.3.0-eksbuild.1"),
-        KubernetesRelease("1.34", "20261103", "1.34.2-20261103", "v1.12.4-eksbuild.1", "v1.52.1-eksbuild.1", "v1.3.10-eksbuild.1",
-                          "v8.3.0-eksbuild.1"),
+        KubernetesRelease("1.33", "20261103", "1.33.6-20261103", coredns="v1.12.4-eksbuild.1",
+                          ebs_csi_driver="v1.52.1-eksbuild.1", pod_identity_agent="v1.3.10-eksbuild.1",
+                          snapshot_controller="v8.3.0-eksbuild.1"),
+        KubernetesRelease("1.34", "20261103", "1.34.2-20261103", coredns="v1.12.4-eksbuild.1",
+                          ebs_csi_driver="v1.52.1-eksbuild.1", pod_identity_agent="v1.3.10-eksbuild.1",
+                          snapshot_controller="v8.3.0-eksbuild.1"),
     )
 }

@@ -222,8 +222,9 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
         if job.autoscaling.enabled and (job.kind != "elastic" or not s.addons.monitoring.enabled):
             yield Problem(f"{at}.autoscaling.enabled", "autoscaling needs an 'elastic' job and monitoring enabled")
         if not (trainer_configs / job.trainer_config).is_file():
+            available = _allowed(p.name for p in trainer_configs.glob("*.yaml"))
             yield Problem(f"{at}.trainerConfig", f"{job.trainer_config!r} is not a file in workloads/configs/; "
-                                                 f"available: {_allowed(p.name for p in trainer_configs.glob('*.yaml'))}")
+                                                 f"available: {available}")
         if s.target == "local":
             if job.node_pool is not None:
                 yield Problem(f"{at}.nodePool", "must be unset for target 'local'")

@@ -16,9 +16,9 @@ from pulumi.runtime import settings as runtime_settings
 from trainyard import program
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.model import Settings
+from trainyard.paths import STACKS_DIR
 from trainyard.plan.placeholders import PlaceholderMocks
 from trainyard.plan.recording import SECRET, Recording, RecordingMonitor
-from trainyard.paths import STACKS_DIR
 
 PROJECT = "trainyard"
 DEFAULT_REGION = "us-east-1"

@@ -3,8 +3,43 @@
 from __future__ import annotations
 
 from trainyard.config import Settings
+from trainyard.config.model import Job
+from trainyard.paths import TRAINER_CONFIGS_DIR
 from trainyard.platform.context import PlatformContext
+from trainyard.workloads.args import TrainingJobArgs
+from trainyard.workloads.jobs import COMPONENTS
+from trainyard.workloads.launch import WORKER_TASK
+
+# Pod hostnames are `<job>-worker-<i>`, a DNS label: at most 63 characters, leaving room for up to 3 digits.
+MAX_JOB_NAME = 63 - len(f"-{WORKER_TASK}-999")
 
 
 def build(settings: Settings, platform: PlatformContext) -> None:
-    return None
+    for job in settings.workloads:
+        COMPONENTS[job.kind](job.name, job_args(job, platform))
+
+
+def job_args(job: Job, platform: PlatformContext) -> TrainingJobArgs:
+    """Join a job's settings with the platform facts it runs on; fails naming what the platform lacks."""
+    if len(job.name) > MAX_JOB_NAME:
+        raise ValueError(f"job name {job.name!r} is longer than {MAX_JOB_NAME} characters: its pods' hostnames "
+                         "would not be DNS labels")
+    tenant = platform.tenants.get(job.tenant)
+    if tenant is None:
+        raise ValueError(f"job {job.name!r}: the platform has no tenant {job.tenant!r} "
+                         f"(tenants: {', '.join(sorted(platform.tenants)) or 'none'})")
+    pools = {pool.name: pool for pool in platform.cluster.pools}
+    if job.node_pool is not None and job.node_pool not in pools:
+        raise ValueError(f"job {job.name!r}: the cluster has no node pool {job.node_pool!r}")
+    return TrainingJobArgs(
+        job=job,
+        tenant=tenant,
+        cluster=platform.cluster,
+        pool=pools[job.node_pool] if job.node_pool is not None else None,
+        trainer_config=(TRAINER_CONFIGS_DIR / job.trainer_config).read_text(encoding="utf-8"),
+        priority_class=platform.training_priority_class,
+        checkpoint_storage_class=platform.checkpoint_storage_class,
+        dataset_claim=platform.dataset_claim,
+        volcano=platform.volcano,
+        monitoring=platform.monitoring,
+    )

@@ -168,7 +168,9 @@ classify() {
   case $sigs in
     "") echo blank ;;
     "xfs:$CACHE_LABEL") echo cache-fs ;;
-    "linux_raid_member:any:$MD_NAME") echo "cache-member:$(mdadm -E --export "$1" | sed -n 's/^MD_UUID=//p')" ;;
+    # name is "any:<name>" (homehost any); accept any host: instance store never leaves its instance
+    linux_raid_member:*:"$MD_NAME" | "linux_raid_member:$MD_NAME")
+      echo "cache-member:$(mdadm -E --export "$1" | sed -n 's/^MD_UUID=//p')" ;;
     *) echo "foreign:$sigs" ;;
   esac
 }

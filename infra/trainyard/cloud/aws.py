@@ -1,0 +1,156 @@
+"""The AWS target: network, buckets, EKS, managed node groups, IAM and Karpenter's AWS side → ClusterContext."""
+
+from __future__ import annotations
+
+import pulumi
+
+from trainyard import names
+from trainyard.cloud.addons import EksAddons, before_cni_addons
+from trainyard.cloud.buckets import Buckets, BucketsArgs
+from trainyard.cloud.cluster import EksCluster, EksClusterArgs
+from trainyard.cloud.context import ClusterContext, KarpenterFacts, PoolFacts
+from trainyard.cloud.iam import (
+    EBS_CSI_MANAGED_POLICY,
+    NODE_MANAGED_POLICIES,
+    PodIdentityRole,
+    PodIdentityRoleArgs,
+    ServiceRole,
+    ServiceRoleArgs,
+    alluxio_policy,
+    cilium_operator_policy,
+    trainer_policy,
+)
+from trainyard.cloud.karpenter import KarpenterInfra, KarpenterInfraArgs
+from trainyard.cloud.naming import base_tags, cluster_name, physical
+from trainyard.cloud.network import Network, NetworkArgs
+from trainyard.cloud.node_groups import ManagedNodeGroup, ManagedNodeGroupArgs
+from trainyard.cloud.userdata import NodeRole, render_user_data
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.model import NodePool, Settings, Taint
+from trainyard.config.releases import KUBERNETES_RELEASES
+
+# Only Ceph (which tolerates `trainyard.io/role`) may land on storage nodes: their CPU and NVMe belong to OSDs.
+STORAGE_TAINT = Taint.model_validate({"key": names.ROLE_LABEL, "value": "storage", "effect": "NoSchedule"})
+GPU_TAINT = Taint.model_validate({"key": names.GPU_TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+
+def pool_labels(pool: NodePool) -> dict[str, str]:
+    labels = {**pool.labels, names.ROLE_LABEL: pool.role, names.POOL_LABEL: pool.name}
+    if pool.mig_layout is not None:
+        labels[MIG_CONFIG_LABEL] = pool.mig_layout
+    return labels
+
+
+def pool_taints(pool: NodePool) -> tuple[Taint, ...]:
+    implied = {"storage": (STORAGE_TAINT,), "gpu": (GPU_TAINT,), "system": ()}[pool.role]
+    configured = tuple(pool.taints)
+    return configured + tuple(t for t in implied if all(c.key != t.key for c in configured))
+
+
+def build_aws(settings: Settings) -> ClusterContext:
+    assert settings.aws is not None
+    region = settings.aws.region
+    zones = tuple(settings.aws.availability_zones)
+    name = cluster_name(settings)
+    tags = base_tags(settings)
+    release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
+
+    network = Network("network", NetworkArgs(
+        name_prefix=name, cluster_name=name, vpc_cidr=settings.network.vpc_cidr, zones=zones,
+        nat_per_zone=settings.network.nat_gateways == "perAz", region=region, tags=tags))
+    buckets = Buckets("buckets", BucketsArgs(
+        name_prefix=name, protect=settings.buckets.protect,
+        force_destroy=settings.buckets.force_destroy,
+        checkpoint_noncurrent_days=settings.buckets.checkpoint_noncurrent_days, tags=tags))
+    eks = EksCluster("eks", EksClusterArgs(
+        cluster_name=name, kubernetes_version=settings.cluster.kubernetes_version, region=region,
+        vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids, service_cidr=settings.network.service_cidr,
+        public_access_cidrs=tuple(settings.network.public_access_cidrs),
+        log_types=tuple(settings.cluster.log_types), admin_principal_arns=tuple(settings.aws.admin_principal_arns),
+        tags=tags))
+    cluster = eks.cluster
+
+    node_role = ServiceRole("managed-nodes", ServiceRoleArgs(physical(settings, "managed-node"),
+                                                             "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags))
+    groups: dict[str, ManagedNodeGroup] = {}
+    for pool in settings.node_pools:
+        if pool.role == "gpu":
+            continue
+        pool_zones = tuple(pool.zones or zones)
+        groups[pool.name] = ManagedNodeGroup(pool.name, ManagedNodeGroupArgs(
+            cluster_name=cluster.name, group_name=physical(settings, pool.name), role=NodeRole(pool.role),
+            node_role_arn=node_role.role.arn,
+            subnet_ids=[network.private_subnets_by_zone[z] for z in pool_zones],
+            security_group_ids=[cluster.vpc_config.cluster_security_group_id, eks.node_security_group.id],
+            instance_types=tuple(pool.instance_types), capacity_type=pool.capacity_types[0],
+            min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
+            root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
+            labels=pool_labels(pool), taints=pool_taints(pool), tags=tags),
+            opts=pulumi.ResourceOptions(depends_on=node_role.attachments))
+
+    system = groups[settings.pools("system")[0].name]
+    # Host-network daemonset: runs on NotReady nodes, so it can precede Cilium (whose operator needs it).
+    early_addons = EksAddons("eks-early-addons", before_cni_addons(settings, cluster.name),
+                             opts=pulumi.ResourceOptions(depends_on=[system.node_group]))
+
+    def identity(logical: str, role: str, accounts: tuple[names.ServiceAccountRef, ...],
+                 policy: dict[str, object] | None = None, managed: tuple[str, ...] = ()) -> PodIdentityRole:
+        return PodIdentityRole(logical, PodIdentityRoleArgs(
+            cluster_name=cluster.name, role_name=physical(settings, role), service_accounts=accounts,
+            policy=policy, managed_policy_arns=managed, tags=tags))
+
+    datasets, checkpoints = buckets.datasets, buckets.checkpoints
+    identities = [
+        identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,), cilium_operator_policy(region)),
+        identity("ebs-csi", "ebs-csi", (names.EBS_CSI,), managed=(EBS_CSI_MANAGED_POLICY,)),
+        identity("alluxio", "alluxio", (names.ALLUXIO,),
+                 alluxio_policy(datasets.bucket.arn, datasets.kms.key.arn, settings.addons.alluxio.dataset_prefix)),
+        identity("trainer", "trainer",
+                 tuple(names.ServiceAccountRef(t.namespace_name, names.TRAINER_SERVICE_ACCOUNT)
+                       for t in settings.tenants),
+                 trainer_policy(checkpoints.bucket.arn, checkpoints.kms.key.arn, datasets.bucket.arn,
+                                datasets.kms.key.arn)),
+    ]
+
+    gpu_pools = settings.pools("gpu")
+    karpenter = KarpenterInfra("karpenter", KarpenterInfraArgs(
+        cluster_name=name, cluster=cluster, region=region,
+        placement_group_pools=tuple(p.name for p in gpu_pools if p.placement_group), tags=tags))
+
+    gpu_user_data = render_user_data(NodeRole.GPU)
+    pools: list[PoolFacts] = []
+    for pool in settings.node_pools:
+        types = [INSTANCE_TYPES[t] for t in pool.instance_types]
+        facts = PoolFacts(
+            name=pool.name, role=pool.role, node_labels=pool_labels(pool), taints=pool_taints(pool),
+            zones=tuple(pool.zones or zones), gpu=types[0].gpu, gpus_per_node=min(t.gpu_count for t in types),
+            mig_layout=pool.mig_layout, efa_interfaces=min(t.efa_interfaces for t in types) if pool.efa else 0,
+            nvme_devices=min(t.nvme_devices for t in types), root_volume_gib=pool.root_volume_gib)
+        if pool.role == "gpu":
+            placement = karpenter.placement_groups.get(pool.name)
+            facts = PoolFacts(**{**facts.__dict__, "instance_types": tuple(pool.instance_types),
+                                 "capacity_types": tuple(pool.capacity_types), "max_nodes": pool.max_size,
+                                 "user_data": gpu_user_data,
+                                 "placement_group": placement.name if placement is not None else None})
+        pools.append(facts)
+
+    ready: tuple[pulumi.Resource, ...] = (
+        *eks.access, system.node_group, karpenter.node_access, *early_addons.addons.values(),
+        *(a for i in identities for a in i.associations),
+    )
+    return ClusterContext(
+        name=cluster.name,
+        provider=eks.provider,
+        cluster=cluster,
+        api_server_host=eks.api_server_host,
+        api_server_port=443,
+        pools=tuple(pools),
+        region=region,
+        kubeconfig=eks.kubeconfig,
+        dataset_bucket=datasets.bucket.bucket,
+        checkpoint_bucket=checkpoints.bucket.bucket,
+        karpenter=KarpenterFacts(interruption_queue=karpenter.queue.name, node_role=karpenter.node_role.name,
+                                 discovery_tag=name, ami_alias=release.karpenter_ami_alias),
+        ready=ready,
+    )

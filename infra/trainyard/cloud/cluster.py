@@ -1,0 +1,136 @@
+"""The EKS control plane, prepared for Cilium: no aws-node, no kube-proxy, API-only authentication."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from trainyard.cloud.iam import ServiceRole, ServiceRoleArgs
+from trainyard.cloud.kms import KmsKey, KmsKeyArgs
+from trainyard.cloud.naming import DISCOVERY_TAG
+
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+CLUSTER_MANAGED_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
+CONTROL_PLANE_LOG_RETENTION_DAYS = 90
+
+
+def kubeconfig(name: str, endpoint: str, ca_data: str, region: str) -> str:
+    """A kubeconfig that fetches a fresh token per call (`aws eks get-token`): nothing long-lived in state."""
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+                     "args": ["eks", "get-token", "--cluster-name", name, "--region", region, "--output", "json"],
+                     "interactiveMode": "Never"}}
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "users": [{"name": name, "user": user}],
+    })
+
+
+@dataclass(frozen=True)
+class EksClusterArgs:
+    cluster_name: str
+    kubernetes_version: str
+    region: str
+    vpc_id: pulumi.Input[str]
+    subnet_ids: list[pulumi.Input[str]]
+    service_cidr: str
+    public_access_cidrs: tuple[str, ...]
+    log_types: tuple[str, ...]
+    admin_principal_arns: tuple[str, ...]
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class EksCluster(pulumi.ComponentResource):
+    """Control plane, secrets encryption, admin access entries, the node security group and a k8s provider."""
+
+    cluster: aws.eks.Cluster
+    node_security_group: aws.ec2.SecurityGroup
+    access: list[pulumi.Resource]
+    provider: k8s.Provider
+    kubeconfig: pulumi.Output[str]
+    api_server_host: pulumi.Output[str]
+
+    def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:cloud:EksCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = args.tags
+        role = ServiceRole(f"{name}-role", ServiceRoleArgs(f"{args.cluster_name}-cluster", "eks.amazonaws.com",
+                                                           CLUSTER_MANAGED_POLICIES, tags), opts=child)
+        secrets_key = KmsKey(f"{name}-secrets", KmsKeyArgs(description=f"EKS secrets for {args.cluster_name}",
+                                                           alias=f"{args.cluster_name}-eks-secrets", protect=True,
+                                                           tags=tags), opts=child)
+        # Created first with a retention, or EKS creates it on its own with logs kept forever.
+        log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/aws/eks/{args.cluster_name}/cluster",
+                                            retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS, tags=tags,
+                                            opts=child)
+        public = bool(args.public_access_cidrs)
+        self.cluster = aws.eks.Cluster(
+            f"{name}-cluster",
+            name=args.cluster_name,
+            version=args.kubernetes_version,
+            role_arn=role.role.arn,
+            # Cilium replaces aws-node and kube-proxy; CoreDNS comes as a managed add-on after Cilium.
+            # ForceNew: changing it later replaces the cluster.
+            bootstrap_self_managed_addons=False,
+            access_config=aws.eks.ClusterAccessConfigArgs(
+                authentication_mode="API",
+                # Admins are explicit access entries below; whoever runs `pulumi up` must be one of them.
+                bootstrap_cluster_creator_admin_permissions=False),
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=args.subnet_ids, endpoint_private_access=True, endpoint_public_access=public,
+                public_access_cidrs=list(args.public_access_cidrs) if public else None),
+            kubernetes_network_config=aws.eks.ClusterKubernetesNetworkConfigArgs(
+                service_ipv4_cidr=args.service_cidr, ip_family="ipv4"),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                resources=["secrets"],
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=secrets_key.key.arn)),
+            enabled_cluster_log_types=list(args.log_types),
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*role.attachments, log_group]))
+
+        self.access = []
+        for i, principal in enumerate(args.admin_principal_arns):
+            entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name,
+                                        principal_arn=principal, type="STANDARD", tags=tags, opts=child)
+            self.access.append(aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
+                policy_arn=CLUSTER_ADMIN_POLICY,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[entry])))
+
+        cluster_sg = self.cluster.vpc_config.cluster_security_group_id
+        # Nodes (managed groups and Karpenter's) share one group; Karpenter selects it by the discovery tag.
+        self.node_security_group = aws.ec2.SecurityGroup(
+            f"{name}-nodes", name=f"{args.cluster_name}-nodes", vpc_id=args.vpc_id,
+            description=f"trainyard nodes of {args.cluster_name}",
+            tags={**tags, "Name": f"{args.cluster_name}-nodes", DISCOVERY_TAG: args.cluster_name}, opts=child)
+        node_sg = self.node_security_group.id
+        rules = {
+            # All protocols node to node, both directions: pod traffic and EFA (which needs self egress too).
+            "nodes-from-nodes": (aws.vpc.SecurityGroupIngressRule, node_sg, node_sg),
+            "nodes-to-nodes": (aws.vpc.SecurityGroupEgressRule, node_sg, node_sg),
+            "nodes-from-control-plane": (aws.vpc.SecurityGroupIngressRule, node_sg, cluster_sg),
+            "control-plane-from-nodes": (aws.vpc.SecurityGroupIngressRule, cluster_sg, node_sg),
+        }
+        for rule_name, (kind, group, peer) in rules.items():
+            kind(f"{name}-{rule_name}", security_group_id=group, referenced_security_group_id=peer,
+                 ip_protocol="-1", description=rule_name, opts=child)
+        aws.vpc.SecurityGroupEgressRule(f"{name}-nodes-egress", security_group_id=node_sg, cidr_ipv4="0.0.0.0/0",
+                                        ip_protocol="-1", description="egress via NAT and endpoints",
+                                        opts=child)
+
+        self.api_server_host = self.cluster.endpoint.apply(lambda e: e.removeprefix("https://"))
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], args.region)))
+        self.provider = k8s.Provider(
+            f"{name}-k8s", kubeconfig=self.kubeconfig,
+            # A cluster deleted outside Pulumi must not wedge `pulumi destroy` on unreachable objects.
+            delete_unreachable=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self.access))
+        self.register_outputs({"name": self.cluster.name, "endpoint": self.cluster.endpoint})

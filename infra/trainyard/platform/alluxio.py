@@ -1,0 +1,122 @@
+"""Alluxio through Fluid: an S3 dataset cached in GPU-node memory and NVMe, shared read-only with tenants."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.cloud.userdata import CACHE_MOUNT
+from trainyard.config.model import AlluxioSettings
+from trainyard.names import ALLUXIO, DATASET_NAMESPACE, ROLE_LABEL
+from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+from trainyard.platform.objects import custom_resource
+from trainyard.platform.scheduling import role_affinity, tolerations_for
+
+FLUID_API_VERSION = "data.fluid.io/v1alpha1"
+# Source Dataset, its AlluxioRuntime (Fluid pairs them by name), and each tenant's referencing Dataset, whose
+# PVC Fluid names after it: jobs mount the claim `training-data`.
+DATASET_NAME = "training-data"
+# Tiers are filled top down and evicted between these watermarks.
+_HIGH, _LOW = "0.95", "0.7"
+
+
+@dataclass(frozen=True)
+class AlluxioArgs:
+    chart: HelmChart
+    cluster: ClusterContext
+    settings: AlluxioSettings
+    bucket: pulumi.Input[str]
+    region: str
+    gpu_pools: tuple[PoolFacts, ...]
+    # Cache workers kept running; each sits on a GPU node (one per node), so more would make Karpenter launch GPUs.
+    workers: int
+    # Tenant namespace -> what must exist before a Dataset can go in it.
+    tenant_namespaces: Mapping[str, Sequence[pulumi.Resource]]
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def s3_mount_point(bucket: str, prefix: str) -> str:
+    return f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
+
+
+def source_dataset(mount_point: pulumi.Input[str], args: AlluxioArgs) -> dict[str, Any]:
+    return {
+        "apiVersion": FLUID_API_VERSION,
+        "kind": "Dataset",
+        "metadata": {"name": DATASET_NAME, "namespace": DATASET_NAMESPACE, "labels": labels(DATASET_NAME, "data")},
+        "spec": {
+            # No access keys: Alluxio's S3 client falls back to the AWS default credential chain, which picks up
+            # the pod identity the cloud layer associates with the `alluxio` service account.
+            "mounts": [{"name": "s3", "mountPoint": mount_point, "readOnly": True,
+                        "options": {"alluxio.underfs.s3.region": args.region}}],
+            "accessModes": ["ReadOnlyMany"],
+            # Cache workers (and FUSE) belong on GPU nodes, where the NVMe cache mount and the readers are.
+            "nodeAffinity": {"required": role_affinity("gpu")["nodeAffinity"]
+                             ["requiredDuringSchedulingIgnoredDuringExecution"]},
+            "tolerations": tolerations_for(args.gpu_pools),
+            "placement": "Exclusive",
+        },
+    }
+
+
+def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
+    cache = args.settings
+    return {
+        "apiVersion": FLUID_API_VERSION,
+        "kind": "AlluxioRuntime",
+        "metadata": {"name": DATASET_NAME, "namespace": DATASET_NAMESPACE, "labels": labels(DATASET_NAME, "data")},
+        "spec": {
+            "replicas": args.workers,
+            "tieredstore": {"levels": [
+                {"mediumtype": "MEM", "path": "/dev/shm", "quota": cache.memory_cache, "high": _HIGH, "low": _LOW},
+                # The node bootstrap formats the instance-store NVMe and mounts it here.
+                {"mediumtype": "SSD", "path": CACHE_MOUNT, "quota": cache.ssd_cache, "high": _HIGH, "low": _LOW},
+            ]},
+            "worker": {"nodeSelector": {ROLE_LABEL: "gpu"}},
+        },
+    }
+
+
+def tenant_dataset(namespace: str) -> dict[str, Any]:
+    """Fluid's cross-namespace sharing: a Dataset pointing at the source one; one cache serves every tenant."""
+    return {
+        "apiVersion": FLUID_API_VERSION,
+        "kind": "Dataset",
+        "metadata": {"name": DATASET_NAME, "namespace": namespace, "labels": labels(DATASET_NAME, "data")},
+        "spec": {
+            "mounts": [{"mountPoint": f"dataset://{DATASET_NAMESPACE}/{DATASET_NAME}", "readOnly": True}],
+            "accessModes": ["ReadOnlyMany"],
+        },
+    }
+
+
+class Alluxio(pulumi.ComponentResource):
+    def __init__(self, name: str, args: AlluxioArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:platform:Alluxio", name, None, opts)
+        cluster = args.cluster
+        self.release = helm_release(f"{name}-fluid", args.chart, cluster, self, depends_on=args.depends_on)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace", metadata={"name": DATASET_NAMESPACE, "labels": labels("dataset", "data")},
+            opts=k8s_options(cluster, self, args.depends_on))
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-account",
+            metadata={"name": ALLUXIO.name, "namespace": ALLUXIO.namespace, "labels": labels(ALLUXIO.name, "data")},
+            opts=k8s_options(cluster, self, [namespace]))
+        mount_point = pulumi.Output.from_input(args.bucket).apply(
+            lambda bucket: s3_mount_point(bucket, args.settings.dataset_prefix))
+        crds = [self.release, namespace, account]
+        runtime = custom_resource(f"{name}-runtime", alluxio_runtime(args), k8s_options(cluster, self, crds))
+        source = custom_resource(f"{name}-dataset", source_dataset(mount_point, args),
+                                 k8s_options(cluster, self, crds))
+        self.tenant_datasets = [
+            custom_resource(f"{name}-{namespace_name}-dataset", tenant_dataset(namespace_name),
+                            k8s_options(cluster, self, [self.release, source, runtime, *ready]))
+            for namespace_name, ready in sorted(args.tenant_namespaces.items())
+        ]
+        self.claim = DATASET_NAME
+        self.register_outputs({"release": self.release.id, "claim": self.claim})

@@ -1,0 +1,102 @@
+"""NVIDIA GPU Operator (+ the AWS EFA device plugin): advertises GPUs, MIG slices and EFA to the scheduler."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.config.model import TimeSlicing
+from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+from trainyard.platform.scheduling import tolerations_for
+
+MIG_CONFIG_KEY = "config.yaml"
+DCGM_METRICS_KEY = "dcgm-metrics.csv"
+TIME_SLICED_CONFIG = "time-sliced"
+
+
+@dataclass(frozen=True)
+class GpuOperatorArgs:
+    chart: HelmChart
+    cluster: ClusterContext
+    gpu_pools: tuple[PoolFacts, ...]
+    # platform/gpu-operator/mig-layouts.yaml and dcgm-metrics.csv, verbatim.
+    mig_layouts: str
+    dcgm_metrics: str
+    time_slicing: TimeSlicing
+    efa_chart: HelmChart | None = None
+    # kube-prometheus-stack: the DCGM exporter ServiceMonitor needs its CRD; None turns the ServiceMonitor off.
+    monitoring: pulumi.Resource | None = None
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def device_plugin_configs(base: dict[str, Any], time_slicing: TimeSlicing) -> dict[str, str]:
+    """Device plugin configs by name (from the catalogue); the time-sliced one only when the stack enables it,
+    with the stack's replica count."""
+    configs = dict(base["devicePlugin"]["config"]["data"])
+    sliced = yaml.safe_load(configs.pop(TIME_SLICED_CONFIG))
+    if time_slicing.enabled:
+        for resource in sliced["sharing"]["timeSlicing"]["resources"]:
+            resource["replicas"] = time_slicing.replicas
+        configs[TIME_SLICED_CONFIG] = yaml.safe_dump(sliced, sort_keys=False)
+    return configs
+
+
+def gpu_operator_values(args: GpuOperatorArgs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(base values without the inline device plugin data, computed values)."""
+    base = copy.deepcopy(dict(args.chart.base_values))
+    # The plugin configs become our own ConfigMap, so the chart must not render its own copy of them.
+    del base["devicePlugin"]["config"]["data"]
+    computed = {
+        "daemonsets": {"tolerations": tolerations_for(args.gpu_pools)},
+        "devicePlugin": {"config": {"create": False}},
+        "dcgmExporter": {"serviceMonitor": {"enabled": args.monitoring is not None}},
+    }
+    return base, computed
+
+
+class GpuOperator(pulumi.ComponentResource):
+    def __init__(self, name: str, args: GpuOperatorArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:platform:GpuOperator", name, None, opts)
+        cluster, pin = args.cluster, args.chart.pin
+        base, computed = gpu_operator_values(args)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace",
+            # Operands load kernel modules and mount host paths: the namespace must allow privileged pods.
+            metadata={"name": pin.namespace, "labels": {**labels("gpu-operator", "gpu"),
+                                                        "pod-security.kubernetes.io/enforce": "privileged"}},
+            opts=k8s_options(cluster, self, args.depends_on),
+        )
+        config_maps = [
+            self._config_map(f"{name}-mig-layouts", base["migManager"]["config"]["name"],
+                             {MIG_CONFIG_KEY: args.mig_layouts}, cluster, namespace),
+            self._config_map(f"{name}-dcgm-metrics", base["dcgmExporter"]["config"]["name"],
+                             {DCGM_METRICS_KEY: args.dcgm_metrics}, cluster, namespace),
+            self._config_map(f"{name}-device-plugin", base["devicePlugin"]["config"]["name"],
+                             device_plugin_configs(dict(args.chart.base_values), args.time_slicing), cluster,
+                             namespace),
+        ]
+        monitoring = [args.monitoring] if args.monitoring is not None else []
+        self.release = helm_release(
+            f"{name}-release", HelmChart(pin, base), cluster, self, values=computed,
+            depends_on=[*args.depends_on, namespace, *config_maps, *monitoring],
+        )
+        self.efa: k8s.helm.v3.Release | None = None
+        if args.efa_chart is not None:
+            self.efa = helm_release(f"{name}-efa", args.efa_chart, cluster, self, depends_on=args.depends_on)
+        self.register_outputs({"release": self.release.id})
+
+    def _config_map(self, resource: str, name: str, data: dict[str, str], cluster: ClusterContext,
+                    namespace: k8s.core.v1.Namespace) -> k8s.core.v1.ConfigMap:
+        return k8s.core.v1.ConfigMap(
+            resource,
+            metadata={"name": name, "namespace": namespace.metadata.name, "labels": labels(name, "gpu")},
+            data=data,
+            opts=k8s_options(cluster, self, [namespace]),
+        )

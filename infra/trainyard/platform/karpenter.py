@@ -1,0 +1,144 @@
+"""Karpenter in the cluster: the controller chart, then one EC2NodeClass and one NodePool per GPU pool.
+
+The platform layer installs it after the CNI (the controller's pods need pod networking)::
+
+    from trainyard.platform.karpenter import Karpenter, KarpenterArgs
+
+    chart = HelmChart(catalogue.chart("karpenter"), catalogue.values("karpenter"))
+    Karpenter("karpenter", KarpenterArgs(cluster=cluster, chart=chart, after=(cilium_release,)))
+
+Teardown: node classes and pools are *not* deleted with the cluster (`controller_deletes`) and depend on the
+release, so `pulumi destroy` deletes them first, while the controller still runs and can terminate the EC2
+instances behind them; only then is the release removed (that one is `deleted_with` the cluster).
+
+Training pods on these pools should carry the pod annotation `karpenter.sh/do-not-disrupt: "true"`: it blocks
+drift and voluntary disruption of their node. Pools on EFA instances get EFA interfaces only for pods that
+request `vpc.amazonaws.com/efa` (Karpenter then adds one EFA interface per network card), so EFA jobs request
+`PoolFacts.efa_interfaces` of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainyard import names
+from trainyard.cloud.context import ClusterContext, KarpenterFacts, PoolFacts
+from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+
+NODE_CLASS_API = "karpenter.k8s.aws/v1"
+NODE_POOL_API = "karpenter.sh/v1"
+ROOT_DEVICE = "/dev/xvda"
+# Cilium removes this taint once its agent runs on the node; until then no pod may start there.
+CILIUM_STARTUP_TAINT = {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}
+# Empty nodes go after a short wait (GPU hours are expensive); non-empty ones are never consolidated.
+CONSOLIDATE_AFTER = "10m"
+# How long a deleted node waits for its pods (a checkpoint) before they are removed anyway.
+TERMINATION_GRACE = "4h"
+
+
+def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
+    discovery = [{"tags": {"karpenter.sh/discovery": facts.discovery_tag}}]
+    spec: dict[str, Any] = {
+        # One pinned alias: Karpenter picks the NVIDIA variant of that AMI release for GPU instance types.
+        "amiSelectorTerms": [{"alias": facts.ami_alias}],
+        "role": facts.node_role,
+        "subnetSelectorTerms": discovery,
+        "securityGroupSelectorTerms": discovery,
+        "userData": pool.user_data,
+        "blockDeviceMappings": [{
+            "deviceName": ROOT_DEVICE, "rootVolume": True,
+            "ebs": {"volumeSize": f"{pool.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True,
+                    "deleteOnTermination": True},
+        }],
+        # IMDSv2 only and one hop, as on the managed groups: pods use Pod Identity, never node credentials.
+        "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
+                            "httpPutResponseHopLimit": 1, "httpTokens": "required"},
+    }
+    if pool.placement_group is not None:
+        spec["placementGroupSelector"] = {"name": pool.placement_group}
+    return spec
+
+
+def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
+    requirements = [
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(pool.instance_types)},
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": list(pool.capacity_types)},
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(pool.zones)},
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+        {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+    ]
+    return {
+        "template": {
+            # Includes nvidia.com/mig.config: nodes launched from zero come up partitioned by mig-manager.
+            "metadata": {"labels": dict(pool.node_labels)},
+            "spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
+                "requirements": requirements,
+                "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in pool.taints],
+                "startupTaints": [CILIUM_STARTUP_TAINT],
+                # Expiry is forceful (ignores do-not-disrupt): never expire a node under a training job.
+                "expireAfter": "Never",
+                "terminationGracePeriod": TERMINATION_GRACE,
+            },
+        },
+        "limits": {names.GPU_TAINT_KEY: str(pool.max_nodes * pool.gpus_per_node)},
+        "disruption": {
+            "consolidationPolicy": "WhenEmpty",
+            "consolidateAfter": CONSOLIDATE_AFTER,
+            "budgets": [
+                {"nodes": "0", "reasons": ["Underutilized", "Drifted"]},
+                {"nodes": "1", "reasons": ["Empty"]},
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class KarpenterArgs:
+    cluster: ClusterContext
+    chart: HelmChart
+    # What must run before the controller: the CNI release.
+    after: tuple[pulumi.Resource, ...] = ()
+
+
+class Karpenter(pulumi.ComponentResource):
+    """The Karpenter release and, per GPU pool, an EC2NodeClass and a NodePool named after the pool."""
+
+    release: k8s.helm.v3.Release
+    node_classes: dict[str, k8s.apiextensions.CustomResource]
+    node_pools: dict[str, k8s.apiextensions.CustomResource]
+
+    def __init__(self, name: str, args: KarpenterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:platform:Karpenter", name, None, opts)
+        cluster = args.cluster
+        facts = cluster.karpenter
+        if facts is None:
+            raise ValueError("Karpenter needs the AWS target's KarpenterFacts (ClusterContext.karpenter)")
+        self.release = helm_release(
+            name, args.chart, cluster, self, depends_on=args.after,
+            values={
+                "settings": {"clusterName": cluster.name, "interruptionQueue": facts.interruption_queue},
+                # The node's resolver (VPC DNS): the controller must not wait for CoreDNS to reach AWS APIs.
+                "dnsPolicy": "Default",
+            })
+        self.node_classes = {}
+        self.node_pools = {}
+        for pool in cluster.pools_with("gpu"):
+            node_class = k8s.apiextensions.CustomResource(
+                f"{name}-{pool.name}-nodeclass", api_version=NODE_CLASS_API, kind="EC2NodeClass",
+                metadata={"name": pool.name, "labels": _labels(pool)}, spec=node_class_spec(pool, facts),
+                opts=k8s_options(cluster, self, [self.release], controller_deletes=True))
+            self.node_classes[pool.name] = node_class
+            self.node_pools[pool.name] = k8s.apiextensions.CustomResource(
+                f"{name}-{pool.name}-nodepool", api_version=NODE_POOL_API, kind="NodePool",
+                metadata={"name": pool.name, "labels": _labels(pool)}, spec=node_pool_spec(pool, pool.name),
+                opts=k8s_options(cluster, self, [self.release, node_class], controller_deletes=True))
+        self.register_outputs({"nodePools": list(self.node_pools)})
+
+
+def _labels(pool: PoolFacts) -> dict[str, str]:
+    return labels("karpenter", "node-pool", **{names.POOL_LABEL: pool.name})

@@ -1,0 +1,148 @@
+"""Monitoring: kube-prometheus-stack (owns the monitoring.coreos.com CRDs), rules, dashboards, and
+prometheus-adapter serving GPU utilization as a custom metric for HPAs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+
+from trainyard.cloud.context import ClusterContext
+from trainyard.config.model import MonitoringSettings
+from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+from trainyard.platform.objects import custom_resource
+
+MONITORING_API_VERSION = "monitoring.coreos.com/v1"
+GRAFANA_SECRET = "grafana-admin"
+GRAFANA_USER_KEY = "admin-user"
+GRAFANA_PASSWORD_KEY = "admin-password"
+DASHBOARD_LABEL = "grafana_dashboard"
+# Prometheus trims old blocks at this share of the volume, before the disk fills and it stops ingesting.
+RETENTION_SHARE = 0.85
+_GIB = {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024, "M": 1e6 / 2**30, "G": 1e9 / 2**30, "T": 1e12 / 2**30}
+_QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>Mi|Gi|Ti|M|G|T)$")
+
+# Cilium comes up before the ServiceMonitor CRD exists, so its chart cannot ship these; same selectors and
+# ports as the chart's own (agent: k8s-app=cilium port metrics; operator: io.cilium/app=operator port metrics;
+# Hubble: k8s-app=hubble port hubble-metrics), all Services in kube-system.
+CILIUM_TARGETS: Mapping[str, tuple[dict[str, str], str]] = {
+    "cilium-agent": ({"k8s-app": "cilium"}, "metrics"),
+    "cilium-operator": ({"io.cilium/app": "operator"}, "metrics"),
+    "hubble": ({"k8s-app": "hubble"}, "hubble-metrics"),
+}
+
+
+@dataclass(frozen=True)
+class MonitoringArgs:
+    stack_chart: HelmChart
+    adapter_chart: HelmChart
+    cluster: ClusterContext
+    settings: MonitoringSettings
+    grafana_admin_password: pulumi.Output[str] | None
+    # Rule file stem -> its parsed `groups:` document; dashboard file stem -> JSON text.
+    rules: Mapping[str, Mapping[str, Any]]
+    dashboards: Mapping[str, str]
+    # prometheus-adapter `rules:` values (platform/prometheus-adapter/rules.yaml).
+    adapter_rules: Mapping[str, Any]
+    # Ceph RBD StorageClass for Prometheus' volume, or None for the cluster default.
+    storage_class: str | None = None
+    scrape_cilium: bool = False
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def gib(quantity: str) -> float:
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"storage size {quantity!r}: expected a number with Mi, Gi, Ti, M, G or T")
+    return float(match["number"]) * _GIB[match["unit"]]
+
+
+def retention_size(storage_size: str) -> str:
+    """Prometheus' size-based retention for a volume (its GB are GiB)."""
+    return f"{max(1, int(gib(storage_size) * RETENTION_SHARE))}GB"
+
+
+def gpu_utilization_metric(adapter_rules: Mapping[str, Any]) -> str:
+    """The custom metric the adapter serves for GPU utilization: the one `as` name mentioning gpu."""
+    names = [rule["name"]["as"] for rule in adapter_rules.get("custom", []) if "gpu" in rule["name"]["as"]]
+    if len(names) != 1:
+        raise ValueError(f"prometheus-adapter rules: expected exactly one GPU utilization metric, found {names}")
+    return str(names[0])
+
+
+def stack_values(args: MonitoringArgs) -> dict[str, Any]:
+    settings = args.settings
+    claim_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                                  "resources": {"requests": {"storage": settings.storage_size}}}
+    if args.storage_class is not None:
+        # No dependency on the Ceph release: the claim waits Pending until the class exists, then binds.
+        claim_spec["storageClassName"] = args.storage_class
+    return {
+        "prometheus": {"prometheusSpec": {
+            "retention": settings.retention,
+            "retentionSize": retention_size(settings.storage_size),
+            "storageSpec": {"volumeClaimTemplate": {"spec": claim_spec}},
+        }},
+        # The password lives only in a Secret; Grafana is a ClusterIP service reached via kubectl port-forward.
+        "grafana": {"admin": {"existingSecret": GRAFANA_SECRET, "userKey": GRAFANA_USER_KEY,
+                              "passwordKey": GRAFANA_PASSWORD_KEY}},
+    }
+
+
+def prometheus_rule(name: str, namespace: str, groups: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": MONITORING_API_VERSION, "kind": "PrometheusRule",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(name, "monitoring")},
+            "spec": {"groups": list(groups["groups"])}}
+
+
+def cilium_service_monitor(name: str, namespace: str, selector: dict[str, str], port: str) -> dict[str, Any]:
+    return {"apiVersion": MONITORING_API_VERSION, "kind": "ServiceMonitor",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(name, "monitoring")},
+            "spec": {"selector": {"matchLabels": selector}, "namespaceSelector": {"matchNames": ["kube-system"]},
+                     "endpoints": [{"port": port, "interval": "30s", "honorLabels": True}]}}
+
+
+class Monitoring(pulumi.ComponentResource):
+    def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:platform:Monitoring", name, None, opts)
+        cluster, ns_name = args.cluster, args.stack_chart.pin.namespace
+        namespace = k8s.core.v1.Namespace(f"{name}-namespace",
+                                          metadata={"name": ns_name, "labels": labels("monitoring", "monitoring")},
+                                          opts=k8s_options(cluster, self, args.depends_on))
+        secret = k8s.core.v1.Secret(
+            f"{name}-grafana-admin",
+            metadata={"name": GRAFANA_SECRET, "namespace": ns_name, "labels": labels("grafana", "monitoring")},
+            string_data={GRAFANA_USER_KEY: "admin",
+                         GRAFANA_PASSWORD_KEY: pulumi.Output.secret(self._password(name, args))},
+            opts=k8s_options(cluster, self, [namespace]))
+        self.release = helm_release(f"{name}-stack", args.stack_chart, cluster, self, values=stack_values(args),
+                                    depends_on=[*args.depends_on, namespace, secret])
+        after_release = k8s_options(cluster, self, [self.release])
+        for stem, text in sorted(args.dashboards.items()):
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard-{stem}",
+                metadata={"name": f"dashboard-{stem}", "namespace": ns_name,
+                          "labels": {**labels(stem, "dashboard"), DASHBOARD_LABEL: "1"}},
+                data={f"{stem}.json": text}, opts=k8s_options(cluster, self, [namespace]))
+        for stem, groups in sorted(args.rules.items()):
+            custom_resource(f"{name}-rules-{stem}", prometheus_rule(f"trainyard-{stem}", ns_name, groups),
+                            after_release)
+        if args.scrape_cilium:
+            for target, (selector, port) in CILIUM_TARGETS.items():
+                custom_resource(f"{name}-{target}", cilium_service_monitor(target, ns_name, selector, port),
+                                after_release)
+        self.gpu_utilization_metric = gpu_utilization_metric(args.adapter_rules)
+        self.adapter = helm_release(f"{name}-adapter", args.adapter_chart, cluster, self,
+                                    values={"rules": dict(args.adapter_rules)}, depends_on=[self.release])
+        self.register_outputs({"release": self.release.id, "adapter": self.adapter.id})
+
+    def _password(self, name: str, args: MonitoringArgs) -> pulumi.Input[str]:
+        if args.grafana_admin_password is not None:
+            return args.grafana_admin_password
+        return random.RandomPassword(f"{name}-grafana-password", length=32, special=False,
+                                     opts=pulumi.ResourceOptions(parent=self)).result

@@ -1,0 +1,130 @@
+"""Rook-Ceph on the storage pool's NVMe: RBD block volumes and CephFS (RWX checkpoints) with snapshots."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from trainyard.cloud.context import ClusterContext
+from trainyard.config.model import RookCephSettings
+from trainyard.platform.kube import HelmChart, helm_release
+
+# ceph-csi creates every CephFS subvolume (checkpoint PVC) under this group directory; one schedule covers all.
+CSI_SUBVOLUME_PATH = "/volumes/csi"
+_CRON_EVERY = re.compile(r"^(?P<minute>\S+) (?P<hour>\S+) (?P<day>\S+) \* \*$")
+
+
+@dataclass(frozen=True)
+class RookCephArgs:
+    operator_chart: HelmChart
+    cluster_chart: HelmChart
+    cluster: ClusterContext
+    settings: RookCephSettings
+    # Nodes in the system pool (mons and mgrs each need their own node).
+    system_nodes: int
+    csi_drivers_chart: HelmChart | None = None
+    # kube-prometheus-stack: Rook's ServiceMonitors/PrometheusRules need its CRDs; None turns them off.
+    monitoring: pulumi.Resource | None = None
+    # snapshot.storage.k8s.io CRDs (EKS snapshot-controller add-on) for the VolumeSnapshotClasses.
+    snapshot_crds: Sequence[pulumi.Resource] = ()
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def snapshot_interval(cron: str) -> str:
+    """A Ceph snap-schedule interval for a periodic cron expression (Ceph schedules by interval, not cron)."""
+    match = _CRON_EVERY.match(cron.strip())
+    fields = match.groupdict() if match else {}
+    step = {name: value.removeprefix("*/") for name, value in fields.items() if value.startswith("*/")}
+    if fields and set(step) == {"minute"} and fields["hour"] == fields["day"] == "*":
+        return f"{step['minute']}m"
+    if fields and fields["minute"] == "0" and set(step) == {"hour"} and fields["day"] == "*":
+        return f"{step['hour']}h"
+    if fields and fields["minute"] == fields["hour"] == "0" and fields["day"] == "*":
+        return "1d"
+    if fields and fields["minute"] == fields["hour"] == "0" and set(step) == {"day"}:
+        return f"{step['day']}d"
+    raise ValueError(f"snapshot schedule {cron!r}: only periodic schedules map to Ceph intervals "
+                     "('*/N * * * *', '0 */N * * *', '0 0 * * *', '0 0 */N * *')")
+
+
+def cluster_values(args: RookCephArgs) -> dict[str, Any]:
+    """Computed rook-ceph-cluster values: daemon counts, replication, snapshot schedule, monitoring wiring."""
+    base, rook = args.cluster_chart.base_values, args.settings
+    monitoring = args.monitoring is not None
+    replicated = {"size": rook.replicas,
+                  # Rook refuses size 1 pools unless told that losing the only copy is accepted (dev).
+                  "requireSafeReplicaSize": rook.replicas > 1}
+    block_pools = copy.deepcopy(base["cephBlockPools"])
+    for pool in block_pools:
+        pool["spec"].update(failureDomain=rook.failure_domain, replicated=replicated)
+    filesystems = copy.deepcopy(base["cephFileSystems"])
+    for filesystem in filesystems:
+        spec = filesystem["spec"]
+        spec["metadataPool"].update(failureDomain=rook.failure_domain, replicated=replicated)
+        for data_pool in spec["dataPools"]:
+            data_pool.update(failureDomain=rook.failure_domain, replicated=replicated)
+        # Rook applies CephFS snapshot schedules through the filesystem's mirroring settings (the only place
+        # the CRD has them); no peers are added, so nothing leaves the cluster.
+        spec["mirroring"] = {
+            "enabled": True,
+            "snapshotSchedules": [{"path": CSI_SUBVOLUME_PATH, "interval": snapshot_interval(rook.snapshot_schedule)}],
+            # "<n>n": keep the newest n snapshots of the path.
+            "snapshotRetention": [{"path": CSI_SUBVOLUME_PATH, "duration": f"{rook.snapshot_retention}n"}],
+        }
+    return {
+        "monitoring": {"enabled": monitoring, "createPrometheusRules": monitoring},
+        "cephClusterSpec": {
+            "mon": {"count": 3 if args.system_nodes >= 3 else 1},
+            "mgr": {"count": 2 if args.system_nodes >= 2 else 1},
+            "monitoring": {"enabled": monitoring},
+        },
+        "cephBlockPools": block_pools,
+        "cephFileSystems": filesystems,
+    }
+
+
+def block_storage_class(chart: HelmChart) -> str:
+    return str(chart.base_values["cephBlockPools"][0]["storageClass"]["name"])
+
+
+def filesystem_storage_class(chart: HelmChart) -> str:
+    return str(chart.base_values["cephFileSystems"][0]["storageClass"]["name"])
+
+
+class CephStorage(pulumi.ComponentResource):
+    """The data-holding part (CephCluster, pools, filesystem): protected, so no update or destroy drops it."""
+
+    def __init__(self, name: str, args: RookCephArgs, depends_on: Sequence[pulumi.Resource],
+                 opts: pulumi.ResourceOptions) -> None:
+        super().__init__("trainyard:platform:CephStorage", name, None,
+                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(protect=True)))
+        # Children inherit protect from this component.
+        self.release = helm_release(f"{name}-release", args.cluster_chart, args.cluster, self,
+                                    values=cluster_values(args), depends_on=depends_on)
+        self.register_outputs({"release": self.release.id})
+
+
+class RookCeph(pulumi.ComponentResource):
+    def __init__(self, name: str, args: RookCephArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:platform:RookCeph", name, None, opts)
+        cluster = args.cluster
+        monitoring = [args.monitoring] if args.monitoring is not None else []
+        self.operator = helm_release(
+            f"{name}-operator", args.operator_chart, cluster, self,
+            values={"monitoring": {"enabled": bool(monitoring)},
+                    "csi": {"serviceMonitor": {"enabled": bool(monitoring)}}},
+            depends_on=[*args.depends_on, *monitoring])
+        storage_deps: list[pulumi.Resource] = [self.operator, *monitoring, *args.snapshot_crds]
+        self.csi_drivers = None
+        if args.csi_drivers_chart is not None:
+            # Driver CRs need the ceph-csi-operator CRDs that the rook-ceph chart's subchart installs.
+            self.csi_drivers = helm_release(f"{name}-csi-drivers", args.csi_drivers_chart, cluster, self,
+                                            depends_on=[self.operator])
+            storage_deps.append(self.csi_drivers)
+        self.storage = CephStorage(f"{name}-storage", args, storage_deps, pulumi.ResourceOptions(parent=self))
+        self.register_outputs({"operator": self.operator.id, "storage": self.storage.release.id})

@@ -1,0 +1,33 @@
+"""The typed, frozen input of a training-job component: one job's settings joined with what the platform offers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.config.model import Job
+from trainyard.platform.context import TenantFacts
+
+
+@dataclass(frozen=True)
+class TrainingJobArgs:
+    job: Job
+    tenant: TenantFacts
+    cluster: ClusterContext
+    # None on the local target: CPU pods on whatever nodes the cluster has.
+    pool: PoolFacts | None
+    # Text of workloads/configs/<job.trainer_config>, shipped to the pod in a ConfigMap.
+    trainer_config: str
+    priority_class: str
+    # ReadWriteMany class for checkpoints (CephFS); None means the cluster default class, ReadWriteOnce.
+    checkpoint_storage_class: str | None = None
+    dataset_claim: str | None = None
+    volcano: pulumi.Resource | None = None
+    # The kube-prometheus-stack release; a PodMonitor is only created when it is set.
+    monitoring: pulumi.Resource | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.tenant.namespace

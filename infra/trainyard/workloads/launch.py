@@ -1,0 +1,70 @@
+"""The trainer's command line: torchrun around `python -m trainyard_train`, elastic or single-node.
+
+Rendezvous for elastic jobs is c10d, hosted by the torchrun agent of pod `<job>-worker-0`, reached through
+the headless Service of Volcano's `svc` plugin (stable name, published before the pod is ready). That agent is
+told explicitly that it hosts the store (`is_host`): torch would otherwise guess by resolving the endpoint,
+which fails while the pod's DNS record is not yet published. When worker-0 is lost the store goes with it:
+the other agents' rendezvous calls fail, torchrun exits non-zero, the kubelet restarts those containers in
+place (restartPolicy OnFailure) and they rejoin once Volcano has recreated worker-0 under the same name.
+"""
+
+from __future__ import annotations
+
+from trainyard.config.model import Job
+
+RDZV_PORT = 29400
+METRICS_PORT = 9108
+CONFIG_DIR = "/etc/trainyard"
+CHECKPOINT_DIR = "/checkpoints"
+WORKER_TASK = "worker"
+# Worker-process failures each torchrun agent absorbs before it gives up (membership changes do not count).
+TORCHRUN_MAX_RESTARTS = 10
+# Seconds the first agents wait for --nnodes MIN to join: pulling a large image onto fresh nodes is slow.
+RDZV_JOIN_TIMEOUT = 1800
+SMOKE_STEPS = 20
+
+# $VC_TASK_INDEX comes from Volcano's env plugin; "$@" are the container args (the torchrun flags below).
+ELASTIC_WRAPPER = (
+    'if [ "$VC_TASK_INDEX" = 0 ]; then host=1; else host=0; fi; '
+    f'exec torchrun --rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT}" "$@"'
+)
+
+
+def rendezvous_endpoint(job: Job, namespace: str) -> str:
+    """worker-0's name under the svc plugin's headless Service (hostname.subdomain.namespace.svc)."""
+    return f"{job.name}-{WORKER_TASK}-0.{job.name}.{namespace}.svc:{RDZV_PORT}"
+
+
+def trainer_module_args(job: Job, *overrides: str) -> list[str]:
+    """`-m trainyard_train` with the mounted config and the overrides the pod's layout dictates."""
+    return [
+        "-m", "trainyard_train", "--config", f"{CONFIG_DIR}/{job.trainer_config}",
+        f"run_dir={CHECKPOINT_DIR}",
+        # The trainer's own watchdog must fire before the kubelet's SIGKILL (terminationGracePeriodSeconds).
+        f"shutdown.grace_period_s={job.checkpoint_grace_seconds}",
+        *overrides,
+    ]
+
+
+def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[str]]:
+    """(command, args) of a multi-node elastic job: torchrun --nnodes=MIN:MAX over c10d."""
+    args = [
+        f"--nnodes={job.min_nodes}:{job.max_nodes}",
+        f"--nproc-per-node={processes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_endpoint(job, namespace)}",
+        # Constant for the job's life, so a recreated pod joins the same rendezvous.
+        f"--rdzv-id={namespace}-{job.name}",
+        f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
+        *trainer_module_args(job),
+    ]
+    return ["sh", "-c", ELASTIC_WRAPPER, "torchrun"], args
+
+
+def single_node(job: Job, processes: int, max_restarts: int, *overrides: str) -> tuple[list[str], list[str]]:
+    """(command, args) of a one-pod job: torchrun's standalone rendezvous on localhost."""
+    args = [
+        "--standalone", "--nnodes=1", f"--nproc-per-node={processes}", f"--max-restarts={max_restarts}",
+        *trainer_module_args(job, *overrides),
+    ]
+    return ["torchrun"], args

@@ -1,0 +1,129 @@
+"""The pod template every training job shares: trainer container, volumes, placement and shutdown timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainyard.names import GPU_TAINT_KEY, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
+from trainyard.platform.kube import labels
+from trainyard.workloads import launch
+from trainyard.workloads.args import TrainingJobArgs
+from trainyard.workloads.sizing import EFA_RESOURCE, PodResources, quantity_bytes
+
+JOB_LABEL = "trainyard.io/job"
+TENANT_LABEL = "trainyard.io/tenant"
+ZONE_KEY = "topology.kubernetes.io/zone"
+DATASET_DIR = "/data"
+# After the trainer's own grace: torchrun tears down its workers and the kubelet stops the container.
+GRACE_MARGIN_SECONDS = 30
+# Karpenter never consolidates or drifts a node away from under a running job (spot reclaims still happen).
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
+# libfabric environment for aws-ofi-nccl on EFA (aws-ofi-nccl doc/efa-env-var.md). FI_PROVIDER pins libfabric to
+# EFA so a missing device fails loudly instead of NCCL silently falling back to TCP sockets. Hugepages off: the
+# data loader forks, and forked children fail to allocate with EFA's hugepage-backed buffers.
+# FI_EFA_USE_DEVICE_RDMA and NCCL_PROTO are deliberately unset: obsolete (and harmful for the latter) with
+# libfabric >= 1.18 and aws-ofi-nccl >= 1.7, which p5 instances require anyway.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_HUGE_PAGE": "0"}
+
+
+def config_map_name(args: TrainingJobArgs) -> str:
+    return f"{args.job.name}-trainer-config"
+
+
+def checkpoint_claim_name(args: TrainingJobArgs) -> str:
+    return f"{args.job.name}-checkpoints"
+
+
+def job_labels(args: TrainingJobArgs) -> dict[str, str]:
+    return labels(args.job.name, "training", **{JOB_LABEL: args.job.name, TENANT_LABEL: args.tenant.name})
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """What differs between job kinds; everything else in the template is common."""
+
+    command: list[str]
+    args: list[str]
+    resources: PodResources
+    restart_policy: Literal["OnFailure", "Never"]
+    # Multi-node jobs keep all their pods in one zone: NCCL across zones is slow and costs cross-AZ traffic.
+    same_zone: bool = False
+
+
+def termination_grace_seconds(args: TrainingJobArgs) -> int:
+    return args.job.checkpoint_grace_seconds + GRACE_MARGIN_SECONDS
+
+
+def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
+    job = args.job
+    if quantity_bytes(job.shm_size) >= shape.resources.memory_bytes:
+        # /dev/shm is memory-backed and counts against the container's memory limit.
+        raise ValueError(f"job {job.name!r}: shmSize {job.shm_size} leaves no memory in the pod's "
+                         f"{shape.resources.memory_bytes // 2**20}Mi limit")
+    spec: dict[str, Any] = {
+        "restartPolicy": shape.restart_policy,
+        "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
+        "priorityClassName": args.priority_class,
+        "terminationGracePeriodSeconds": termination_grace_seconds(args),
+        "containers": [_container(args, shape)],
+        "volumes": _volumes(args),
+    }
+    if args.pool is not None:
+        spec["nodeSelector"] = {POOL_LABEL: args.pool.name}
+        spec["tolerations"] = _tolerations(args, shape)
+    if shape.same_zone:
+        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {JOB_LABEL: job.name}},
+            "topologyKey": ZONE_KEY,
+        }]}}
+    return {"metadata": {"labels": job_labels(args), "annotations": dict(DO_NOT_DISRUPT)}, "spec": spec}
+
+
+def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
+    env = {"TRAINYARD_METRICS_PORT": str(launch.METRICS_PORT)}
+    if EFA_RESOURCE in shape.resources.accelerators:
+        env |= EFA_ENV
+    mounts = [
+        {"name": "trainer-config", "mountPath": launch.CONFIG_DIR, "readOnly": True},
+        {"name": "checkpoints", "mountPath": launch.CHECKPOINT_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if args.dataset_claim is not None:
+        mounts.append({"name": "dataset", "mountPath": DATASET_DIR, "readOnly": True})
+    return {
+        "name": "trainer",
+        "image": args.job.image,
+        "command": shape.command,
+        "args": shape.args,
+        "env": [{"name": name, "value": value} for name, value in env.items()],
+        "ports": [
+            {"name": "c10d", "containerPort": launch.RDZV_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": launch.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": shape.resources.as_k8s(),
+        "volumeMounts": mounts,
+    }
+
+
+def _volumes(args: TrainingJobArgs) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "trainer-config", "configMap": {"name": config_map_name(args)}},
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim_name(args)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": args.job.shm_size}},
+    ]
+    if args.dataset_claim is not None:
+        volumes.append({"name": "dataset",
+                        "persistentVolumeClaim": {"claimName": args.dataset_claim, "readOnly": True}})
+    return volumes
+
+
+def _tolerations(args: TrainingJobArgs, shape: PodShape) -> list[dict[str, str]]:
+    assert args.pool is not None
+    tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
+                   for t in args.pool.taints if t.key != GPU_TAINT_KEY]
+    if shape.resources.accelerators.keys() - {EFA_RESOURCE}:
+        # Whole GPUs and MIG slices alike sit on nodes tainted nvidia.com/gpu, whatever its value.
+        tolerations.append({"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
+

@@ -1,0 +1,104 @@
+"""How much of a node one training pod asks for: its GPU (or MIG slice) share of the node's CPU and memory.
+
+Requests equal limits for every resource, so training pods get the Guaranteed QoS class: the kubelet evicts
+them last under memory pressure, and the static CPU manager can give them exclusive cores.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from trainyard.cloud.context import PoolFacts
+from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
+from trainyard.config.mig import WHOLE_GPU_RESOURCE, load_mig_catalog, mig_resource_name
+
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GIB = 1024**3
+MIB = 1024**2
+
+# Left to the kubelet, the system reservation and the DaemonSets every GPU node runs (Cilium, DCGM exporter,
+# device plugins, Alluxio FUSE, Ceph CSI): a tenth of the node, at least 2 cores and 8 GiB.
+HEADROOM_FRACTION = 0.1
+MIN_HEADROOM_MILLICPU = 2000
+MIN_HEADROOM_BYTES = 8 * GIB
+# A CPU-only pod (the local stack) has no node share to derive from; the tiny config trains in this.
+CPU_ONLY_MILLICPU = 2000
+CPU_ONLY_MEMORY_BYTES = 4 * GIB
+CPU_ONLY_PROCESSES = 2
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+            "Ki": 1024, "Mi": MIB, "Gi": GIB, "Ti": 1024**4}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity ("64Gi", "2Ti", "500M") in bytes, rounded up."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity")
+    return math.ceil(float(match.group(1)) * _FACTORS[match.group(2)])
+
+
+@dataclass(frozen=True, slots=True)
+class PodResources:
+    """What one training pod requests (and is limited to)."""
+
+    accelerators: dict[str, int]
+    millicpu: int
+    memory_bytes: int
+    processes: int  # torchrun --nproc-per-node
+
+    def as_k8s(self) -> dict[str, dict[str, str]]:
+        amounts = {"cpu": f"{self.millicpu}m", "memory": f"{self.memory_bytes // MIB}Mi",
+                   **{name: str(count) for name, count in self.accelerators.items()}}
+        return {"requests": amounts, "limits": dict(amounts)}
+
+
+def smallest_instance(pool: PoolFacts) -> InstanceType:
+    """The pool's instance type with the fewest vCPUs: a pod sized for it fits on every type Karpenter picks."""
+    known = [INSTANCE_TYPES[name] for name in pool.instance_types if name in INSTANCE_TYPES]
+    if not known:
+        raise ValueError(f"pool {pool.name!r} lists no known instance type: {', '.join(pool.instance_types)}")
+    return min(known, key=lambda it: (it.vcpu, it.memory_gib))
+
+
+def _share(instance: InstanceType, fraction: float) -> tuple[int, int]:
+    millicpu = instance.vcpu * 1000
+    memory = instance.memory_gib * GIB
+    usable_cpu = millicpu - max(MIN_HEADROOM_MILLICPU, int(millicpu * HEADROOM_FRACTION))
+    usable_memory = memory - max(MIN_HEADROOM_BYTES, int(memory * HEADROOM_FRACTION))
+    # Whole cores keep the pod eligible for exclusive CPUs; whole MiB keep the quantity readable.
+    cpu = max(1000, int(usable_cpu * fraction) // 1000 * 1000)
+    return cpu, int(usable_memory * fraction) // MIB * MIB
+
+
+def whole_gpus(pool: PoolFacts, gpus: int, *, efa: bool) -> PodResources:
+    """gpus whole GPUs and the same fraction of the node's CPU and memory; with efa, the node's EFA devices."""
+    instance = smallest_instance(pool)
+    cpu, memory = _share(instance, gpus / instance.gpu_count)
+    accelerators = {WHOLE_GPU_RESOURCE: gpus}
+    if efa and pool.efa_interfaces:
+        # Only traffic between nodes uses EFA; the pod of a multi-node job takes all of the node's interfaces.
+        accelerators[EFA_RESOURCE] = pool.efa_interfaces
+    return PodResources(accelerators=accelerators, millicpu=cpu, memory_bytes=memory, processes=gpus)
+
+
+def mig_slice(pool: PoolFacts, profile: str) -> PodResources:
+    """One MIG slice and the node's CPU and memory divided by the number of slices the layout carves."""
+    if pool.gpu is None or pool.mig_layout is None:
+        raise ValueError(f"pool {pool.name!r} has no MIG layout; a 'mig' job needs one")
+    instance = smallest_instance(pool)
+    per_gpu = load_mig_catalog().slices(pool.mig_layout, pool.gpu)
+    if profile not in per_gpu:
+        raise ValueError(f"MIG layout {pool.mig_layout!r} of pool {pool.name!r} has no {profile} slice")
+    slices_per_node = instance.gpu_count * sum(per_gpu.values())
+    cpu, memory = _share(instance, 1 / slices_per_node)
+    return PodResources(accelerators={mig_resource_name(profile): 1}, millicpu=cpu, memory_bytes=memory,
+                        processes=1)
+
+
+def cpu_only() -> PodResources:
+    return PodResources(accelerators={}, millicpu=CPU_ONLY_MILLICPU, memory_bytes=CPU_ONLY_MEMORY_BYTES,
+                        processes=CPU_ONLY_PROCESSES)

@@ -1,0 +1,61 @@
+"""The Volcano `batch.volcano.sh/v1alpha1` Job around a pod template: gang size, queue, retries, plugins.
+
+Restart semantics. torchrun's elastic agents already survive the loss of a pod: the survivors' workers fail
+their collective, the agents re-rendezvous with whoever is left (down to --nnodes MIN) and resume from the
+last checkpoint. So a lost pod must *not* take the others down: PodEvicted (spot reclaim, node drain, pod
+deletion) has no policy on purpose, and Volcano's default for it, SyncJob, recreates the missing pod under the
+same name; it rejoins the rendezvous when a node is back. Only a pod that reaches phase Failed (which
+restartPolicy OnFailure reserves for node-level failures, as container crashes restart in place) is not
+recreated by a sync, so PodFailed restarts the job from its checkpoint. maxRetry bounds those restarts and is
+sized for a spot pool. The job completes when `minSuccess` pods exit 0, which the trainer only does once the
+configured steps are done (a preempted trainer exits 143).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainyard.workloads.args import TrainingJobArgs
+from trainyard.workloads.launch import WORKER_TASK
+from trainyard.workloads.pod import job_labels
+
+API_VERSION = "batch.volcano.sh/v1alpha1"
+KIND = "Job"
+SCHEDULER = "volcano"
+# Job restarts (PodFailed -> RestartJob) allowed before Volcano marks the job Failed; spot pools lose nodes often.
+ELASTIC_MAX_RETRY = 16
+SINGLE_NODE_MAX_RETRY = 4
+
+# svc: headless Service `<job>` and pod hostnames `<job>-worker-<i>`, published while pods are not ready (the
+# rendezvous runs before readiness). Its per-job NetworkPolicy is disabled: it would also block Prometheus
+# scraping port 9108; the tenant namespace's policies govern ingress instead.
+SVC_PLUGIN = ["--publish-not-ready-addresses=true", "--disable-network-policy=true"]
+RESTART_ON_FAILED_POD = {"event": "PodFailed", "action": "RestartJob"}
+# A smoke run proves the platform works; retrying would hide the failure it exists to show.
+TERMINATE_ON_FAILED_POD = {"event": "PodFailed", "action": "TerminateJob"}
+
+
+def job_manifest(
+    args: TrainingJobArgs,
+    template: dict[str, Any],
+    *,
+    min_available: int,
+    replicas: int,
+    max_retry: int,
+    policies: list[dict[str, str]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, spec) of the Volcano Job; one task, `worker`, whose pods run the template."""
+    metadata = {"name": args.job.name, "namespace": args.namespace, "labels": job_labels(args)}
+    spec = {
+        "schedulerName": SCHEDULER,
+        "queue": args.tenant.queue,
+        "priorityClassName": args.priority_class,
+        # Gang: nothing starts until MIN pods can all be placed; the rest join as capacity appears.
+        "minAvailable": min_available,
+        "minSuccess": min_available,
+        "maxRetry": max_retry,
+        "plugins": {"svc": list(SVC_PLUGIN), "env": []},
+        "policies": [dict(policy) for policy in policies],
+        "tasks": [{"name": WORKER_TASK, "replicas": replicas, "template": template}],
+    }
+    return metadata, spec

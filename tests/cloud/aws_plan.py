@@ -1,0 +1,61 @@
+"""Shared by the cloud tests: each stack rendered once per session under the mock runtime.
+
+The entry point runs the real cloud layer and the Karpenter component the way the platform layer calls it,
+so the Karpenter custom resources are checked before (and independently of) the platform layer's wiring.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from trainyard.cloud import layer as cloud
+from trainyard.config import load_settings
+from trainyard.paths import REPO_ROOT
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import read_stack, render
+from trainyard.platform.catalogue import load_catalogue
+from trainyard.platform.karpenter import Karpenter, KarpenterArgs
+from trainyard.platform.kube import HelmChart
+
+AWS_STACKS = ("dev", "staging", "prod")
+
+
+def cloud_and_karpenter() -> None:
+    settings, _ = load_settings()
+    cluster = cloud.build(settings)
+    if settings.is_aws:
+        catalogue = load_catalogue(REPO_ROOT)
+        chart = HelmChart(catalogue.chart("karpenter"), catalogue.values("karpenter"))
+        Karpenter("karpenter", KarpenterArgs(cluster=cluster, chart=chart))
+
+
+@cache
+def plan(stack: str) -> Recording:
+    return render(read_stack(stack), cloud_and_karpenter)
+
+
+def of_type(rec: Recording, type_: str) -> list[ResourceRecord]:
+    return [r for r in rec.resources if r.type == type_]
+
+
+def one(rec: Recording, type_: str, name: str | None = None) -> ResourceRecord:
+    found = [r for r in of_type(rec, type_) if name is None or r.name == name]
+    assert len(found) == 1, f"expected one {type_} {name or ''}, found {[r.name for r in found]}"
+    return found[0]
+
+
+def by_urn(rec: Recording, urn: str) -> ResourceRecord:
+    return rec.by_urn()[urn]
+
+
+def policy_documents(rec: Recording) -> Iterator[tuple[ResourceRecord, dict[str, Any]]]:
+    """Every IAM-style policy document in the plan: role trust and inline policies, bucket and queue policies."""
+    keys = ("policy", "assumeRolePolicy")
+    for r in rec.resources:
+        for key in keys:
+            text = r.inputs.get(key)
+            if isinstance(text, str) and text.lstrip().startswith("{"):
+                yield r, json.loads(text)

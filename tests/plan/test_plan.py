@@ -1,0 +1,75 @@
+"""The offline plan: faithful to the program, complete, deterministic, and never shows a secret."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainyard.plan.recording import SECRET
+from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.writers import write_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = available_stacks()
+RESOURCE_KEYS = {"urn", "type", "name", "parent", "provider", "depends_on", "protect", "retain_on_delete",
+                 "deleted_with", "inputs"}
+
+
+def _same_tree(a: Path, b: Path) -> list[str]:
+    """Files that differ or exist on one side only."""
+    cmp = filecmp.dircmp(a, b)
+    diffs = [*cmp.left_only, *cmp.right_only, *cmp.diff_files, *cmp.funny_files]
+    _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
+    diffs += mismatch + errors
+    for sub in cmp.common_dirs:
+        diffs += [f"{sub}/{d}" for d in _same_tree(a / sub, b / sub)]
+    return sorted(set(diffs))
+
+
+def test_all_four_stacks_exist() -> None:
+    assert set(STACKS) >= {"dev", "staging", "prod", "local"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_out_is_complete_and_deterministic(stack: str, tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_plan(render(read_stack(stack)), first)
+    write_plan(render(read_stack(stack)), second)
+    assert _same_tree(first, second) == []
+    resources = json.loads((first / "resources.json").read_text())
+    assert resources == sorted(resources, key=lambda r: r["urn"])
+    assert all(set(r) == RESOURCE_KEYS for r in resources)
+    for path in (first / "manifests").glob("*.yaml"):
+        obj = yaml.safe_load(path.read_text())
+        assert {"apiVersion", "kind", "metadata"} <= set(obj), path.name
+    for path in (first / "helm").glob("*.yaml"):
+        release = yaml.safe_load(path.read_text())
+        assert set(release) == {"name", "namespace", "chart", "repository", "version", "values"}, path.name
+        assert release["version"], path.name
+
+
+def test_plan_cli_runs_the_program_from_the_repository_root(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "local", "--out",
+                             str(tmp_path / "local")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pulumi:pulumi:Stack" in result.stdout and "Resources:" in result.stdout
+    assert (tmp_path / "local" / "resources.json").is_file()
+
+
+def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
+    clear = "correct-horse-battery-staple"
+    stack = read_stack("dev")
+    values = dict(stack.values)
+    values["trainyard:grafanaAdminPassword"] = clear
+    secret = type(stack)(stack="dev", values=values, secret_keys=("trainyard:grafanaAdminPassword",))
+    recording = render(secret)
+    write_plan(recording, tmp_path / "plan")
+    text = "".join(p.read_text() for p in (tmp_path / "plan").rglob("*") if p.is_file())
+    assert clear not in text
+    assert SECRET in text

@@ -1,0 +1,76 @@
+"""Renders of real stack files with the real config loader and cloud layer, and a platform double.
+
+The double stands in for the platform layer's PlatformContext, so these tests pin the workload layer alone:
+each tenant's `ready` resource, the Volcano and monitoring releases are recorded components whose URNs the
+tests look for in the jobs' dependencies. The full program is exercised in test_jobs_program.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pulumi
+import pytest
+
+from trainyard.cloud import layer as cloud
+from trainyard.config import Settings, load_settings
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import read_stack, render
+from trainyard.platform.context import PlatformContext, TenantFacts
+from trainyard.workloads import layer as workloads
+
+CEPHFS_CLASS = "ceph-filesystem"
+DATASET_CLAIM = "dataset"
+PRIORITY_CLASS = "trainyard-training"
+
+
+class Stand(pulumi.ComponentResource):
+    """A recorded placeholder for a platform resource (a release, a tenant's namespace)."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"trainyard:test:{kind}", name, None, None)
+        self.register_outputs({})
+
+
+def platform_double(settings: Settings, cluster: Any) -> PlatformContext:
+    tenants = {
+        t.name: TenantFacts(name=t.name, namespace=t.namespace_name, queue=t.name,
+                            ready=(Stand("TenantReady", t.name),))
+        for t in settings.tenants
+    }
+    addons = settings.addons
+    return PlatformContext(
+        cluster=cluster,
+        tenants=tenants,
+        volcano=Stand("Volcano", "volcano"),
+        monitoring=Stand("Monitoring", "monitoring") if addons.monitoring.enabled else None,
+        checkpoint_storage_class=CEPHFS_CLASS if addons.rook_ceph.enabled and settings.is_aws else None,
+        dataset_claim=DATASET_CLAIM if addons.alluxio.enabled else None,
+        training_priority_class=PRIORITY_CLASS,
+    )
+
+
+def _entrypoint() -> None:
+    settings, _secrets = load_settings()
+    workloads.build(settings, platform_double(settings, cloud.build(settings)))
+
+
+@functools.cache
+def rendered(stack: str) -> Recording:
+    return render(read_stack(stack), entrypoint=_entrypoint)
+
+
+def volcano_jobs(recording: Recording) -> dict[str, ResourceRecord]:
+    return {r.inputs["metadata"]["name"]: r for r in recording.resources
+            if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"}
+
+
+@pytest.fixture(scope="module")
+def prod() -> Recording:
+    return rendered("prod")
+
+
+@pytest.fixture(scope="module")
+def local() -> Recording:
+    return rendered("local")
