@@ -1,6 +1,7 @@
-"""trainyard's command line: `python -m trainyard plan --stack dev [--out DIR]`.
+"""trainyard's command line: `python -m trainyard plan --stack dev [--out DIR] [--graph FILE]`.
 
 `plan` runs the same program `pulumi up` runs, under Pulumi's mock runtime, and shows what it would create.
+`diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
-from trainyard.paths import STACKS_DIR
-from trainyard.plan import report
+from trainyard.paths import REPO_ROOT, STACKS_DIR
+from trainyard.plan import graph, report
+from trainyard.plan.diff import default_base, diff_against, format_diff
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
@@ -32,11 +34,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     plan.add_argument("--out", type=Path, help="write resources.json, manifests/ and helm/ here")
     plan.add_argument("--quiet", action="store_true", help="print only the summary, not the tree")
+    plan.add_argument("--graph", type=Path, help="write the dependency graph here (.dot: Graphviz, else Mermaid)")
+    diff = commands.add_parser("diff", help="compare stacks rendered at the working tree and at a git ref")
+    diff.add_argument("--base", help="git ref to compare against (default: origin/main if it exists, else HEAD)")
+    diff.add_argument("--stack", action="append", dest="stacks", help="repeatable; default: every stack")
+    diff.add_argument("--format", choices=("markdown", "text"), default="text")
     args = parser.parse_args(argv)
-    return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet)
+    if args.command == "diff":
+        return _diff(args.base, args.stacks or available_stacks(), args.format)
+    return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph)
 
 
-def _plan(stack: StackFile, out: Path | None, quiet: bool) -> int:
+def _diff(base: str | None, stacks: list[str], fmt: str) -> int:
+    ref = base or default_base(REPO_ROOT)
+    print(format_diff(diff_against(REPO_ROOT, ref, stacks), "markdown" if fmt == "markdown" else "text", ref), end="")
+    return 0
+
+
+def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | None = None) -> int:
     stack_name = stack.stack
     recording = Recording()
     try:
@@ -52,7 +67,15 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool) -> int:
     print(report.summary(recording, settings, pool_capacity(settings, load_mig_catalog())))
     if out is not None:
         write_plan(recording, out)
-        print(f"\nWrote {out}/resources.json, {out}/manifests/, {out}/helm/")
+        dependencies = graph.build(recording)
+        (out / "graph.mmd").write_text(graph.to_mermaid(dependencies))
+        (out / "graph.dot").write_text(graph.to_dot(dependencies))
+        print(f"\nWrote {out}/resources.json, {out}/manifests/, {out}/helm/, {out}/graph.mmd, {out}/graph.dot")
+    if graph_file is not None:
+        dependencies = graph.build(recording)
+        text = graph.to_dot(dependencies) if graph_file.suffix == ".dot" else graph.to_mermaid(dependencies)
+        graph_file.write_text(text)
+        print(f"Wrote {graph_file}")
     return 0
 
 

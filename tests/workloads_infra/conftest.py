@@ -25,12 +25,13 @@ DATASET_CLAIM = "dataset"
 PRIORITY_CLASS = "trainyard-training"
 
 
-class Stand(pulumi.ComponentResource):
-    """A recorded placeholder for a platform resource (a release, a tenant's namespace)."""
+class Stand(pulumi.CustomResource):
+    """A recorded placeholder for a platform resource (a release, a tenant's namespace).
+
+    Custom, not a component: a dependency on a component stands for its children, and this has none."""
 
     def __init__(self, kind: str, name: str) -> None:
-        super().__init__(f"trainyard:test:{kind}", name, None, None)
-        self.register_outputs({})
+        super().__init__(f"trainyard:test:{kind}", name, {})
 
 
 def platform_double(settings: Settings, cluster: Any) -> PlatformContext:

@@ -139,8 +139,10 @@ def build_aws(settings: Settings) -> ClusterContext:
         *eks.access, system.node_group, karpenter.node_access, *early_addons.addons.values(),
         *(a for i in identities for a in i.associations),
     )
+    # Plain strings where the physical name is known up front: Helm values can't hold Outputs (deep_merge copies
+    # them), and ordering comes from `ready` (access entries and pod identity associations depend on these).
     return ClusterContext(
-        name=cluster.name,
+        name=name,
         provider=eks.provider,
         cluster=cluster,
         api_server_host=eks.api_server_host,
@@ -150,7 +152,7 @@ def build_aws(settings: Settings) -> ClusterContext:
         kubeconfig=eks.kubeconfig,
         dataset_bucket=datasets.bucket.bucket,
         checkpoint_bucket=checkpoints.bucket.bucket,
-        karpenter=KarpenterFacts(interruption_queue=karpenter.queue.name, node_role=karpenter.node_role.name,
+        karpenter=KarpenterFacts(interruption_queue=karpenter.queue_name, node_role=karpenter.node_role_name,
                                  discovery_tag=name, ami_alias=release.karpenter_ami_alias),
         ready=ready,
     )

@@ -146,7 +146,9 @@ class KarpenterInfra(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = args.tags
         # Karpenter v1 manages the instance profile itself from the role name in each EC2NodeClass.
-        node = ServiceRole(f"{name}-node", ServiceRoleArgs(f"{args.cluster_name}-karpenter-node",
+        self.node_role_name = f"{args.cluster_name}-karpenter-node"
+        self.queue_name = f"{args.cluster_name}-karpenter"
+        node = ServiceRole(f"{name}-node", ServiceRoleArgs(self.node_role_name,
                                                            "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags),
                            opts=child)
         self.node_role = node.role
@@ -155,7 +157,7 @@ class KarpenterInfra(pulumi.ComponentResource):
                                                principal_arn=node.role.arn, type="EC2_LINUX", tags=tags,
                                                opts=child)
 
-        self.queue = aws.sqs.Queue(f"{name}-interruption", name=f"{args.cluster_name}-karpenter",
+        self.queue = aws.sqs.Queue(f"{name}-interruption", name=self.queue_name,
                                    message_retention_seconds=QUEUE_RETENTION_SECONDS, sqs_managed_sse_enabled=True,
                                    tags=tags, opts=child)
         queue_policy_resource = aws.sqs.QueuePolicy(

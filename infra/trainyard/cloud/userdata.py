@@ -59,8 +59,8 @@ class NodeRole(enum.StrEnum):
 class KubeletSettings:
     """Kubelet settings added to the NodeConfig; ``None`` keeps the AMI / EKS / Karpenter value.
 
-    On Karpenter nodes, fields Karpenter sets from the EC2NodeClass ``kubelet`` block (``maxPods`` among
-    them) override these; the CPU and topology manager policies are not among them.
+    On Karpenter nodes leave ``max_pods`` unset and use the EC2NodeClass ``kubelet`` block: Karpenter always
+    writes maxPods, and which NodeConfig wins depends on its version. It never writes the two policies.
     """
 
     max_pods: int | None = None

@@ -6,9 +6,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext
-from trainyard.platform.kube import HelmChart, helm_release
+from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+
+# The API server host is only known once the cluster exists (an Output), so it reaches the agent through a
+# ConfigMap the chart references (k8sServiceHostRef) rather than through Helm values.
+API_SERVER_CONFIG_MAP = "cilium-api-server"
+API_SERVER_HOST_KEY = "host"
 
 # Cilium is up before kube-prometheus-stack (which needs a CNI to run), so the chart must not apply
 # ServiceMonitors: their CRD does not exist yet. The Monitoring component scrapes Cilium instead.
@@ -38,7 +44,7 @@ def cilium_values(args: CiliumArgs) -> dict[str, Any]:
     }
     if args.cluster.api_server_host is not None:
         # Without kube-proxy the agent cannot use the kubernetes Service VIP to find the API server.
-        values["k8sServiceHost"] = args.cluster.api_server_host
+        values["k8sServiceHostRef"] = {"name": API_SERVER_CONFIG_MAP, "key": API_SERVER_HOST_KEY}
         values["k8sServicePort"] = args.cluster.api_server_port
     return values
 
@@ -46,5 +52,15 @@ def cilium_values(args: CiliumArgs) -> dict[str, Any]:
 class Cilium(pulumi.ComponentResource):
     def __init__(self, name: str, args: CiliumArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainyard:platform:Cilium", name, None, opts)
-        self.release = helm_release(f"{name}-release", args.chart, args.cluster, self, values=cilium_values(args))
+        cluster = args.cluster
+        endpoint: list[pulumi.Resource] = []
+        if cluster.api_server_host is not None:
+            endpoint.append(k8s.core.v1.ConfigMap(
+                f"{name}-api-server",
+                metadata={"name": API_SERVER_CONFIG_MAP, "namespace": args.chart.pin.namespace,
+                          "labels": labels("cilium", "network")},
+                data={API_SERVER_HOST_KEY: cluster.api_server_host},
+                opts=k8s_options(cluster, self)))
+        self.release = helm_release(f"{name}-release", args.chart, cluster, self, values=cilium_values(args),
+                                    depends_on=endpoint)
         self.register_outputs({"release": self.release.id})

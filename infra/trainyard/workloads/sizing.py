@@ -51,7 +51,8 @@ class PodResources:
     processes: int  # torchrun --nproc-per-node
 
     def as_k8s(self) -> dict[str, dict[str, str]]:
-        amounts = {"cpu": f"{self.millicpu}m", "memory": f"{self.memory_bytes // MIB}Mi",
+        cpu = str(self.millicpu // 1000) if self.millicpu % 1000 == 0 else f"{self.millicpu}m"
+        amounts = {"cpu": cpu, "memory": f"{self.memory_bytes // MIB}Mi",
                    **{name: str(count) for name, count in self.accelerators.items()}}
         return {"requests": amounts, "limits": dict(amounts)}
 

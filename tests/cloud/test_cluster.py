@@ -1,0 +1,154 @@
+"""EKS control plane, access, add-ons, node groups and the hand-over, checked on the rendered plans."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from aws_plan import by_urn, cloud_and_karpenter, of_type, one, plan
+from trainyard.cloud.cluster import kubeconfig
+from trainyard.cloud.userdata import NodeRole, render_user_data
+from trainyard.config.releases import KUBERNETES_RELEASES
+from trainyard.plan.runtime import StackFile, read_stack, render
+
+RELEASE = KUBERNETES_RELEASES["1.34"]
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_cluster_for_cilium_with_api_auth_and_encrypted_secrets(stack: str) -> None:
+    rec = plan(stack)
+    cluster = one(rec, "aws:eks/cluster:Cluster")
+    i = cluster.inputs
+    assert i["name"] == f"trainyard-{stack}"
+    assert i["version"] == "1.34"
+    assert i["bootstrapSelfManagedAddons"] is False
+    assert i["accessConfig"] == {"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False}
+    assert i["vpcConfig"]["endpointPrivateAccess"] is True
+    assert i["vpcConfig"]["endpointPublicAccess"] is True
+    assert i["vpcConfig"]["publicAccessCidrs"] == ["203.0.113.0/24"]
+    assert len(i["vpcConfig"]["subnetIds"]) == 3
+    assert i["kubernetesNetworkConfig"]["serviceIpv4Cidr"] == "172.20.0.0/16"
+    assert i["encryptionConfig"]["resources"] == ["secrets"]
+    key_arn = i["encryptionConfig"]["provider"]["keyArn"]
+    key = next(k for k in of_type(rec, "aws:kms/key:Key") if key_arn.endswith(k.name))
+    assert key.inputs["enableKeyRotation"] is True and key.protect
+    expected_logs = {"staging": ["api", "audit", "authenticator"],
+                     "prod": ["api", "audit", "authenticator", "controllerManager", "scheduler"]}[stack]
+    assert i["enabledClusterLogTypes"] == expected_logs
+    log_group = one(rec, "aws:cloudwatch/logGroup:LogGroup")
+    assert log_group.inputs["name"] == f"/aws/eks/trainyard-{stack}/cluster"
+    assert log_group.urn in cluster.depends_on
+
+
+def test_admin_access_entries_and_cluster_admin_policy() -> None:
+    rec = plan("prod")
+    admins = ["arn:aws:iam::111122223333:role/platform-admins", "arn:aws:iam::111122223333:role/platform-breakglass"]
+    entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "STANDARD"]
+    assert sorted(e.inputs["principalArn"] for e in entries) == admins
+    associations = of_type(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert sorted(a.inputs["principalArn"] for a in associations) == admins
+    for a in associations:
+        assert a.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+        assert a.inputs["accessScope"] == {"type": "cluster"}
+    provider = one(rec, "pulumi:providers:kubernetes")
+    assert provider.inputs["deleteUnreachable"] == "true"
+    assert {a.urn for a in associations} <= set(provider.depends_on)
+
+
+def test_public_endpoint_off_without_cidrs() -> None:
+    dev = read_stack("dev")
+    network = {**json.loads(dev.values["trainyard:network"]), "publicAccessCidrs": []}
+    private = StackFile("dev", {**dev.values, "trainyard:network": json.dumps(network)}, dev.secret_keys)
+    vpc = one(render(private, cloud_and_karpenter), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert vpc["endpointPublicAccess"] is False
+    assert vpc["endpointPrivateAccess"] is True
+    assert "publicAccessCidrs" not in vpc
+
+
+def test_kubeconfig_uses_a_short_lived_exec_token() -> None:
+    config = json.loads(kubeconfig("c", "https://x", "Y2E=", "us-west-2"))
+    user = config["users"][0]["user"]
+    assert set(user) == {"exec"}
+    assert user["exec"]["command"] == "aws"
+    assert user["exec"]["args"] == ["eks", "get-token", "--cluster-name", "c", "--region", "us-west-2",
+                                    "--output", "json"]
+
+
+def test_full_program_exports_kubeconfig_as_secret() -> None:
+    rec = render(read_stack("staging"))
+    assert rec.outputs["kubeconfig"] == "[secret]"
+    assert rec.outputs["clusterName"] == "trainyard-staging"
+    assert rec.outputs["checkpointBucket"] == "trainyard-staging-checkpoints"
+
+
+def test_pod_identity_agent_before_cni_and_others_left_for_the_platform() -> None:
+    rec = plan("prod")
+    addons = {a.inputs["addonName"]: a for a in of_type(rec, "aws:eks/addon:Addon")}
+    assert set(addons) == {"eks-pod-identity-agent"}
+    assert addons["eks-pod-identity-agent"].inputs["addonVersion"] == RELEASE.pod_identity_agent
+    system_group = one(rec, "aws:eks/nodeGroup:NodeGroup", "system-group")
+    component = by_urn(rec, addons["eks-pod-identity-agent"].parent or "")
+    assert system_group.urn in component.depends_on
+
+
+def test_after_cni_addons_are_pinned() -> None:
+    from trainyard.cloud.addons import after_cni_addons
+    from trainyard.config.load import parse_settings
+    values = {k.split(":", 1)[1]: json.loads(v) if v[:1] in "[{" else v
+              for k, v in read_stack("prod").values.items()}
+    args = after_cni_addons(parse_settings("trainyard", "prod", values), "trainyard-prod")
+    assert {p.name: p.version for p in args.addons} == {
+        "coredns": RELEASE.coredns, "aws-ebs-csi-driver": RELEASE.ebs_csi_driver,
+        "snapshot-controller": RELEASE.snapshot_controller}
+
+
+@pytest.mark.parametrize(("stack", "system", "storage"), [("staging", (3, 3, 4), (3, 3, 3)),
+                                                          ("prod", (3, 3, 6), (3, 3, 6))])
+def test_managed_node_groups(stack: str, system: tuple[int, int, int], storage: tuple[int, int, int]) -> None:
+    rec = plan(stack)
+    groups = {g.name: g for g in of_type(rec, "aws:eks/nodeGroup:NodeGroup")}
+    assert set(groups) == {"system-group", "storage-group"}
+    for pool, sizes in (("system", system), ("storage", storage)):
+        g = groups[f"{pool}-group"].inputs
+        assert g["nodeGroupName"] == f"trainyard-{stack}-{pool}"
+        assert g["amiType"] == "AL2023_x86_64_STANDARD"
+        assert g["releaseVersion"] == RELEASE.node_group_release
+        assert g["capacityType"] == "ON_DEMAND"
+        assert (g["scalingConfig"]["minSize"], g["scalingConfig"]["desiredSize"],
+                g["scalingConfig"]["maxSize"]) == sizes
+        assert g["updateConfig"] == {"maxUnavailable": 1}
+        assert g["labels"]["trainyard.io/role"] == pool
+        assert g["labels"]["trainyard.io/pool"] == pool
+        assert len(g["subnetIds"]) == 3  # spread over every zone
+    assert groups["storage-group"].inputs["taints"] == [
+        {"key": "trainyard.io/role", "value": "storage", "effect": "NO_SCHEDULE"}]
+    assert groups["system-group"].inputs.get("taints", []) == []
+
+
+@pytest.mark.parametrize("pool", ["system", "storage"])
+def test_launch_templates_imdsv2_encrypted_and_user_data(pool: str) -> None:
+    rec = plan("prod")
+    lt = one(rec, "aws:ec2/launchTemplate:LaunchTemplate", f"{pool}-lt").inputs
+    assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                     "httpPutResponseHopLimit": 1}
+    (root,) = lt["blockDeviceMappings"]
+    assert root["deviceName"] == "/dev/xvda"
+    assert root["ebs"]["encrypted"] == "true" and root["ebs"]["volumeType"] == "gp3"
+    assert base64.b64decode(lt["userData"]).decode() == render_user_data(NodeRole(pool))
+    assert len(lt["vpcSecurityGroupIds"]) == 2
+    group = one(rec, "aws:eks/nodeGroup:NodeGroup", f"{pool}-group").inputs
+    assert group["launchTemplate"]["version"] == "1"
+
+
+def test_node_security_group_is_discoverable_and_self_referencing() -> None:
+    rec = plan("prod")
+    sg = one(rec, "aws:ec2/securityGroup:SecurityGroup")
+    assert sg.inputs["tags"]["karpenter.sh/discovery"] == "trainyard-prod"
+    sg_id = f"{sg.name}-id"
+    ingress = of_type(rec, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    egress = of_type(rec, "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
+    # EFA needs all-protocol traffic to the same group in both directions.
+    for rules in (ingress, egress):
+        assert any(r.inputs["securityGroupId"] == sg_id and r.inputs.get("referencedSecurityGroupId") == sg_id
+                   and r.inputs["ipProtocol"] == "-1" for r in rules)
