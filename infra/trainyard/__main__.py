@@ -18,8 +18,8 @@ from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
 from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan import graph, report
-from trainyard.plan.diff import default_base, diff_against, format_diff
 from trainyard.plan.capacity import pool_capacity
+from trainyard.plan.diff import default_base, diff_against, format_diff
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import write_plan

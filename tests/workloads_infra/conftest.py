@@ -1,70 +1,10 @@
-"""Renders of real stack files with the real config loader and cloud layer, and a platform double.
-
-The double stands in for the platform layer's PlatformContext, so these tests pin the workload layer alone:
-each tenant's `ready` resource, the Volcano and monitoring releases are recorded components whose URNs the
-tests look for in the jobs' dependencies. The full program is exercised in test_jobs_program.py.
-"""
+"""Module-scoped renders for the workload tests (see jobs_render for what is real and what is a double)."""
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
-import pulumi
 import pytest
-
-from trainyard.cloud import layer as cloud
-from trainyard.config import Settings, load_settings
-from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, render
-from trainyard.platform.context import PlatformContext, TenantFacts
-from trainyard.workloads import layer as workloads
-
-CEPHFS_CLASS = "ceph-filesystem"
-DATASET_CLAIM = "dataset"
-PRIORITY_CLASS = "trainyard-training"
-
-
-class Stand(pulumi.CustomResource):
-    """A recorded placeholder for a platform resource (a release, a tenant's namespace).
-
-    Custom, not a component: a dependency on a component stands for its children, and this has none."""
-
-    def __init__(self, kind: str, name: str) -> None:
-        super().__init__(f"trainyard:test:{kind}", name, {})
-
-
-def platform_double(settings: Settings, cluster: Any) -> PlatformContext:
-    tenants = {
-        t.name: TenantFacts(name=t.name, namespace=t.namespace_name, queue=t.name,
-                            ready=(Stand("TenantReady", t.name),))
-        for t in settings.tenants
-    }
-    addons = settings.addons
-    return PlatformContext(
-        cluster=cluster,
-        tenants=tenants,
-        volcano=Stand("Volcano", "volcano"),
-        monitoring=Stand("Monitoring", "monitoring") if addons.monitoring.enabled else None,
-        checkpoint_storage_class=CEPHFS_CLASS if addons.rook_ceph.enabled and settings.is_aws else None,
-        dataset_claim=DATASET_CLAIM if addons.alluxio.enabled else None,
-        training_priority_class=PRIORITY_CLASS,
-    )
-
-
-def _entrypoint() -> None:
-    settings, _secrets = load_settings()
-    workloads.build(settings, platform_double(settings, cloud.build(settings)))
-
-
-@functools.cache
-def rendered(stack: str) -> Recording:
-    return render(read_stack(stack), entrypoint=_entrypoint)
-
-
-def volcano_jobs(recording: Recording) -> dict[str, ResourceRecord]:
-    return {r.inputs["metadata"]["name"]: r for r in recording.resources
-            if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"}
+from jobs_render import rendered
+from trainyard.plan.recording import Recording
 
 
 @pytest.fixture(scope="module")

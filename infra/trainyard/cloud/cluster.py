@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -37,7 +38,7 @@ class EksClusterArgs:
     kubernetes_version: str
     region: str
     vpc_id: pulumi.Input[str]
-    subnet_ids: list[pulumi.Input[str]]
+    subnet_ids: Sequence[pulumi.Input[str]]
     service_cidr: str
     public_access_cidrs: tuple[str, ...]
     log_types: tuple[str, ...]
@@ -82,7 +83,7 @@ class EksCluster(pulumi.ComponentResource):
                 # Admins are explicit access entries below; whoever runs `pulumi up` must be one of them.
                 bootstrap_cluster_creator_admin_permissions=False),
             vpc_config=aws.eks.ClusterVpcConfigArgs(
-                subnet_ids=args.subnet_ids, endpoint_private_access=True, endpoint_public_access=public,
+                subnet_ids=list(args.subnet_ids), endpoint_private_access=True, endpoint_public_access=public,
                 public_access_cidrs=list(args.public_access_cidrs) if public else None),
             kubernetes_network_config=aws.eks.ClusterKubernetesNetworkConfigArgs(
                 service_ipv4_cidr=args.service_cidr, ip_family="ipv4"),

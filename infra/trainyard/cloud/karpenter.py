@@ -16,9 +16,9 @@ import pulumi_aws as aws
 
 from trainyard.cloud.iam import (
     NODE_MANAGED_POLICIES,
-    Policy,
     PodIdentityRole,
     PodIdentityRoleArgs,
+    Policy,
     ServiceRole,
     ServiceRoleArgs,
     allow,

@@ -9,6 +9,7 @@ them Ready.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -32,8 +33,8 @@ class ManagedNodeGroupArgs:
     group_name: str  # physical
     role: NodeRole
     node_role_arn: pulumi.Input[str]
-    subnet_ids: list[pulumi.Input[str]]
-    security_group_ids: list[pulumi.Input[str]]
+    subnet_ids: Sequence[pulumi.Input[str]]
+    security_group_ids: Sequence[pulumi.Input[str]]
     instance_types: tuple[str, ...]
     capacity_type: CapacityType
     min_size: int
@@ -60,7 +61,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt", name=args.group_name, update_default_version=True, user_data=user_data,
             # With custom groups EKS does not add the cluster security group itself.
-            vpc_security_group_ids=args.security_group_ids,
+            vpc_security_group_ids=list(args.security_group_ids),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT),
             block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
@@ -76,7 +77,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
             cluster_name=args.cluster_name,
             node_group_name=args.group_name,
             node_role_arn=args.node_role_arn,
-            subnet_ids=args.subnet_ids,
+            subnet_ids=list(args.subnet_ids),
             instance_types=list(args.instance_types),
             capacity_type=_CAPACITY[args.capacity_type],
             ami_type=AMI_TYPE,

@@ -30,13 +30,13 @@ class PlaceholderMocks(pulumi.runtime.Mocks):
                                         "status": "deployed"})
         return f"{name}-id", state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/plan", "userId": "plan"}, None
+            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/plan", "userId": "plan"}
         if args.token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}, None
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}
         if args.token == "aws:index/getRegion:getRegion":
-            return {"name": self.region, "region": self.region}, None
+            return {"name": self.region, "region": self.region}
         raise NotImplementedError(f"the offline plan has no placeholder for function {args.token}")
 
     def _arn(self, typ: str, service: str, name: str, state: dict[str, Any]) -> str:

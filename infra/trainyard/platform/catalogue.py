@@ -6,7 +6,6 @@ no caller can mutate the shared base values and no version string lives anywhere
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -77,17 +76,26 @@ class Catalogue:
 def deep_merge(base: Mapping[str, Any], *overlays: Mapping[str, Any]) -> dict[str, Any]:
     """Merge maps recursively, later overlays winning; lists and scalars are replaced whole, as Helm does.
 
-    Inputs are never mutated and the result shares no mutable object with them.
+    Inputs are never mutated and the result shares no dict or list with them; other objects (such as Pulumi
+    Outputs, which cannot be deep-copied) are passed through as they are.
     """
-    result: dict[str, Any] = copy.deepcopy(dict(base))
+    result: dict[str, Any] = {key: _copy(value) for key, value in base.items()}
     for overlay in overlays:
         for key, value in overlay.items():
             current = result.get(key)
             if isinstance(current, dict) and isinstance(value, Mapping):
                 result[key] = deep_merge(current, value)
             else:
-                result[key] = copy.deepcopy(value)
+                result[key] = _copy(value)
     return result
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy(item) for item in value]
+    return value
 
 
 def load_catalogue(root: Path) -> Catalogue:

@@ -57,7 +57,6 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
         snapshot_crds = [eks_addons.addons["snapshot-controller"]]
 
     monitoring = None
-    monitors: list[pulumi.Resource] = []
     if addons.monitoring.enabled:
         rook_on = addons.rook_ceph.enabled and settings.is_aws
         monitoring = Monitoring("monitoring", MonitoringArgs(
@@ -71,11 +70,11 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
             adapter_rules=_yaml(ADAPTER_RULES)["rules"],
             storage_class=block_storage_class(_chart(catalogue, "rook-ceph-cluster")) if rook_on else None,
             scrape_cilium=cilium is not None, depends_on=cni))
-        monitors = [monitoring.release]
         releases += [monitoring.release, monitoring.adapter]
 
     # KARPENTER CALL SITE: trainyard.platform.karpenter (cloud engineer) is not in the tree yet. Its release
-    # ships a ServiceMonitor, so it must depend on [*cni, *monitors]; NodePools/EC2NodeClasses on its release.
+    # ships a ServiceMonitor, so it must depend on [*cni, monitoring.release]; NodePools/EC2NodeClasses on its
+    # release (controller_deletes=True).
 
     volcano = None
     if addons.volcano.enabled:

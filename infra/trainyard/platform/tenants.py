@@ -112,13 +112,15 @@ class Tenants(pulumi.ComponentResource):
         in_namespace = k8s_options(cluster, self, [namespace])
         quota = quota_spec(tenant)
         if quota is not None:
-            k8s.core.v1.ResourceQuota(f"{prefix}-quota", metadata={"name": "tenant-quota", "namespace": ns_name,
-                                                                   "labels": tenant_labels},
-                                      spec=quota, opts=in_namespace)
+            k8s.core.v1.ResourceQuota(
+                f"{prefix}-quota",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name="tenant-quota", namespace=ns_name, labels=tenant_labels),
+                spec=k8s.core.v1.ResourceQuotaSpecArgs(hard=quota["hard"]), opts=in_namespace)
         k8s.core.v1.LimitRange(
             f"{prefix}-limits",
-            metadata={"name": "container-defaults", "namespace": ns_name, "labels": tenant_labels},
-            spec={"limits": [{"type": "Container", "defaultRequest": DEFAULT_REQUESTS}]},
+            metadata=k8s.meta.v1.ObjectMetaArgs(name="container-defaults", namespace=ns_name, labels=tenant_labels),
+            spec=k8s.core.v1.LimitRangeSpecArgs(
+                limits=[k8s.core.v1.LimitRangeItemArgs(type="Container", default_request=DEFAULT_REQUESTS)]),
             opts=in_namespace,
         )
         account = k8s.core.v1.ServiceAccount(

@@ -1,0 +1,104 @@
+"""Buckets, KMS keys and IAM across every stack: encryption, lifecycle, protection, least privilege."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_plan import AWS_STACKS, of_type, plan, policy_documents
+from trainyard.plan.runtime import read_stack, render
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_bucket_and_key_protected_and_retained(stack: str) -> None:
+    rec = plan(stack)
+    stateful = of_type(rec, "aws:s3/bucket:Bucket") + of_type(rec, "aws:kms/key:Key")
+    assert len(stateful) == 5  # two buckets, their two keys, the EKS secrets key
+    for r in stateful:
+        assert r.protect and r.retain_on_delete, r.name
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_bucket_configuration(stack: str) -> None:
+    rec = plan(stack)
+    buckets = {b.name: b.inputs for b in of_type(rec, "aws:s3/bucket:Bucket")}
+    assert {b["bucket"] for b in buckets.values()} == {f"trainyard-{stack}-datasets",
+                                                       f"trainyard-{stack}-checkpoints"}
+    for kind in ("datasets", "checkpoints"):
+        bucket_id = f"{kind}-bucket-id"
+
+        def config(type_: str, bid: str = bucket_id) -> dict[str, Any]:
+            (found,) = [r.inputs for r in of_type(rec, type_) if r.inputs["bucket"] == bid]
+            return found
+
+        sse = config("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+        (rule,) = sse["rules"]
+        assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
+        assert rule["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"].endswith(f"{kind}-kms-key")
+        assert rule["bucketKeyEnabled"] is True
+        assert config("aws:s3/bucketVersioning:BucketVersioning")["versioningConfiguration"] == {"status": "Enabled"}
+        block = config("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
+        assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
+                                               "restrictPublicBuckets"))
+        assert config("aws:s3/bucketOwnershipControls:BucketOwnershipControls")["rule"] == {
+            "objectOwnership": "BucketOwnerEnforced"}
+        policy = json.loads(config("aws:s3/bucketPolicy:BucketPolicy")["policy"])
+        (deny,) = policy["Statement"]
+        assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        lifecycle = config("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+        rules = {r["id"]: r for r in lifecycle["rules"]}
+        assert rules["abort-incomplete-multipart"]["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
+        if kind == "checkpoints":
+            days = {"staging": 14, "prod": 30}[stack]
+            assert rules["expire-noncurrent-versions"]["noncurrentVersionExpiration"] == {"noncurrentDays": days}
+        else:
+            assert "expire-noncurrent-versions" not in rules
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
+    documents = list(policy_documents(plan(stack)))
+    assert len(documents) >= 10
+    for record, doc in documents:
+        for s in doc["Statement"]:
+            if s["Effect"] != "Allow":
+                continue
+            actions = s.get("Action", [])
+            actions = [actions] if isinstance(actions, str) else actions
+            resources = s.get("Resource", [])
+            resources = [resources] if isinstance(resources, str) else resources
+            wild_action = any(a == "*" or a.endswith(":*") for a in actions)
+            assert not (wild_action and "*" in resources), f"{record.name}: {s}"
+
+
+def test_pod_identity_associations_use_shared_names() -> None:
+    rec = plan("prod")
+    pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
+             for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+    assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
+                     ("kube-system", "cilium-operator"), ("trainyard-data", "alluxio"),
+                     ("foundation", "trainer"), ("research", "trainer"), ("eval", "trainer")}
+    for role in of_type(rec, "aws:iam/role:Role"):
+        trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+        if trust["Principal"]["Service"] == "pods.eks.amazonaws.com":
+            assert trust["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+
+
+def test_alluxio_reads_only_the_dataset_prefix() -> None:
+    rec = plan("prod")
+    (policy,) = [json.loads(p.inputs["policy"]) for p in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
+                 if p.name == "alluxio-policy"]
+    actions = {a for s in policy["Statement"] for a in s["Action"]}
+    assert actions == {"s3:ListBucket", "s3:GetBucketLocation", "s3:GetObject", "s3:GetObjectVersion",
+                       "kms:Decrypt", "kms:DescribeKey"}
+    resources = {json.dumps(s["Resource"]) for s in policy["Statement"]}
+    assert not any("checkpoints" in r for r in resources)
+    (listing,) = [s for s in policy["Statement"] if s["Action"] == ["s3:ListBucket"]]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["datasets/*"]}}
+
+
+def test_local_stack_creates_no_aws_resource() -> None:
+    rec = render(read_stack("local"))
+    assert rec.resources
+    assert not [r.type for r in rec.resources if r.type.startswith("aws:") or r.type.startswith("pulumi:providers:aws")]

@@ -1,0 +1,350 @@
+"""What the platform layer renders per stack: release sets and the values and objects it computes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from trainyard.config.model import TimeSlicing
+from trainyard.paths import PLATFORM_DIR
+from trainyard.plan.recording import SECRET, Recording, ResourceRecord
+from trainyard.plan.runtime import StackFile, read_stack, render
+from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
+from trainyard.platform.catalogue import load_catalogue
+from trainyard.platform.gpu_operator import device_plugin_configs
+from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
+from trainyard.platform.rook_ceph import snapshot_interval
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AWS_RELEASES = {"cilium", "kube-prometheus-stack", "prometheus-adapter", "volcano", "gpu-operator",
+                "aws-efa-k8s-device-plugin", "rook-ceph", "ceph-csi-drivers", "rook-ceph-cluster", "fluid"}
+# Karpenter's release comes from the cloud engineer's component; it is not part of this layer's own set.
+NOT_OURS = {"karpenter"}
+
+
+@cache
+def _recording(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+@cache
+def _config(stack: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO_ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def _releases(stack: str) -> dict[str, dict[str, Any]]:
+    return {release_of(r)["chart"].rsplit("/", 1)[-1]: release_of(r)
+            for r in _recording(stack).resources if r.type == HELM_RELEASE}
+
+
+def _objects(stack: str, kind: str) -> list[dict[str, Any]]:
+    return [manifest_of(r) for r in _recording(stack).resources
+            if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind]
+
+
+def _one(stack: str, kind: str, name: str) -> dict[str, Any]:
+    (obj,) = [o for o in _objects(stack, kind) if o["metadata"]["name"] == name]
+    return obj
+
+
+def _tenants(stack: str) -> list[dict[str, Any]]:
+    return list(_config(stack)["trainyard:tenants"])
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    yield value
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
+
+
+# ------------------------------------------------------------------------------------------ release sets
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging"])
+def test_aws_stacks_install_every_addon(stack: str) -> None:
+    assert set(_releases(stack)) - NOT_OURS == AWS_RELEASES
+
+
+def test_dev_has_no_efa_plugin_without_efa_pools() -> None:
+    assert set(_releases("dev")) - NOT_OURS == AWS_RELEASES - {"aws-efa-k8s-device-plugin"}
+
+
+def test_local_renders_volcano_monitoring_and_tenants_only() -> None:
+    assert set(_releases("local")) == {"volcano", "kube-prometheus-stack", "prometheus-adapter"}
+    assert _objects("local", "CiliumNetworkPolicy") == []
+    assert [o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")] == ["research"]
+    assert [o["metadata"]["name"] for o in _objects("local", "Namespace")] == ["monitoring", "research"]
+
+
+def test_releases_use_catalogue_pins() -> None:
+    catalogue = load_catalogue(REPO_ROOT)
+    for chart, release in _releases("prod").items():
+        pin = catalogue.chart(chart)
+        assert (release["version"], release["namespace"]) == (pin.version, pin.namespace)
+
+
+# --------------------------------------------------------------------------------------------- Cilium
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging", "dev"])
+def test_cilium_reaches_the_api_server_of_its_cluster(stack: str) -> None:
+    values = _releases(stack)["cilium"]["values"]
+    ref = values["k8sServiceHostRef"]
+    config_map = _one(stack, "ConfigMap", ref["name"])
+    host = config_map["data"][ref["key"]]
+    assert config_map["metadata"]["namespace"] == "kube-system"
+    # The mock EKS endpoint is https://<CLUSTER>.gr7.<region>.eks.amazonaws.com: the host, without scheme.
+    assert host.endswith(".us-west-2.eks.amazonaws.com") and "://" not in host
+    assert values["k8sServicePort"] == 443
+    assert "k8sServiceHost" not in values
+    assert values["ipv4NativeRoutingCIDR"] == _config(stack)["trainyard:network"]["vpcCidr"]
+    # No ServiceMonitor CRD exists when Cilium installs: the chart must not ship any.
+    assert values["prometheus"]["serviceMonitor"]["enabled"] is False
+    assert values["hubble"]["metrics"]["serviceMonitor"]["enabled"] is False
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging"])
+def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
+    policies = {p["metadata"]["namespace"]: p["spec"] for p in _objects(stack, "CiliumNetworkPolicy")}
+    assert set(policies) == {t.get("namespace", t["name"]) for t in _tenants(stack)}
+    for namespace, spec in policies.items():
+        assert spec["endpointSelector"] == {}
+        ingress_from = [rule["fromEndpoints"] for rule in spec["ingress"]]
+        assert ingress_from == [[{}], [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "monitoring"}}]], namespace
+        dns = [rule for rule in spec["egress"] if "kube-dns" in json.dumps(rule.get("toEndpoints"))]
+        assert len(dns) == 1 and {p["port"] for p in dns[0]["toPorts"][0]["ports"]} == {"53"}
+        s3 = [rule for rule in spec["egress"] if "toFQDNs" in rule]
+        assert s3 == [{"toFQDNs": [{"matchName": "s3.us-west-2.amazonaws.com"},
+                                   {"matchPattern": "*.s3.us-west-2.amazonaws.com"}],
+                       "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}]
+        # Nothing may reach everything: no world/all entities, no open CIDRs.
+        assert "world" not in json.dumps(spec) and "0.0.0.0/0" not in json.dumps(spec)
+        assert not any("toEntities" in rule for rule in spec["egress"])
+
+
+# ---------------------------------------------------------------------------------------------- Tenants
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging", "dev", "local"])
+def test_queues_carry_weights_and_capability_from_config(stack: str) -> None:
+    queues = {q["metadata"]["name"]: q["spec"] for q in [*_objects(stack, "Queue"), *_objects(stack, "QueuePatch")]}
+    expected = {}
+    for tenant in _tenants(stack):
+        capability = tenant.get("capability", {})
+        wanted = {"cpu": capability.get("cpu"), "memory": capability.get("memory"),
+                  "nvidia.com/gpu": str(capability["gpu"]) if capability.get("gpu") else None}
+        name = "default" if tenant.get("default") else tenant["name"]
+        expected[name] = {"weight": tenant.get("weight", 1), "reclaimable": True,
+                          "capability": {k: v for k, v in wanted.items() if v}}
+    assert queues == expected
+
+
+def test_default_tenant_patches_volcanos_default_queue() -> None:
+    (patch,) = _objects("prod", "QueuePatch")
+    assert patch["metadata"]["name"] == "default"
+    assert patch["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+    assert {q["metadata"]["name"] for q in _objects("prod", "Queue")} == {"foundation", "eval"}
+
+
+def test_quotas_and_trainer_accounts_per_tenant() -> None:
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects("prod", "ResourceQuota")}
+    assert quotas == {
+        "foundation": {"requests.cpu": "2304", "requests.memory": "24576Gi", "requests.nvidia.com/gpu": "96",
+                       "pods": "500"},
+        "research": {"requests.cpu": "1536", "requests.memory": "16384Gi", "requests.nvidia.com/gpu": "64",
+                     "pods": "300"},
+    }  # eval has no quota in prod
+    accounts = [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in _objects("prod", "ServiceAccount")]
+    assert {("foundation", "trainer"), ("research", "trainer"), ("eval", "trainer")} <= set(accounts)
+    assert {p["metadata"]["name"] for p in _objects("prod", "PriorityClass")} == {"trainyard-training",
+                                                                                  "trainyard-system"}
+
+
+# ------------------------------------------------------------------------------------------ GPU Operator
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging"])
+def test_gpu_operator_config_maps_hold_the_catalogue_files(stack: str) -> None:
+    values = _releases(stack)["gpu-operator"]["values"]
+    mig = _one(stack, "ConfigMap", values["migManager"]["config"]["name"])
+    assert mig["data"] == {"config.yaml": (PLATFORM_DIR / "gpu-operator" / "mig-layouts.yaml").read_text()}
+    dcgm = _one(stack, "ConfigMap", values["dcgmExporter"]["config"]["name"])
+    assert dcgm["data"] == {"dcgm-metrics.csv": (PLATFORM_DIR / "gpu-operator" / "dcgm-metrics.csv").read_text()}
+    assert values["migManager"]["config"]["create"] is False and values["mig"]["strategy"] == "mixed"
+    assert values["driver"]["enabled"] is False and values["toolkit"]["enabled"] is False
+    assert values["dcgmExporter"]["serviceMonitor"]["enabled"] is True
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert gpu_taint in values["daemonsets"]["tolerations"]
+    plugin = _one(stack, "ConfigMap", values["devicePlugin"]["config"]["name"])
+    # Time slicing is off in every stack: only the default plugin config, and the chart renders none itself.
+    assert set(plugin["data"]) == {"default"} and "data" not in values["devicePlugin"]["config"]
+
+
+def test_time_slicing_config_follows_settings() -> None:
+    base = load_catalogue(REPO_ROOT).values("gpu-operator")
+    assert set(device_plugin_configs(base, TimeSlicing())) == {"default"}
+    configs = device_plugin_configs(base, TimeSlicing(enabled=True, replicas=8))
+    sliced = yaml.safe_load(configs["time-sliced"])
+    assert sliced["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 8}]
+
+
+# --------------------------------------------------------------------------------------------- Rook-Ceph
+
+
+@pytest.mark.parametrize(("stack", "replicas", "mons", "mgrs", "interval", "retention"), [
+    ("prod", 3, 3, 2, "4h", "12n"),
+    ("staging", 3, 3, 2, "6h", "8n"),
+    ("dev", 1, 1, 2, "6h", "8n"),
+])
+def test_ceph_cluster_values_per_stack(stack: str, replicas: int, mons: int, mgrs: int, interval: str,
+                                       retention: str) -> None:
+    values = _releases(stack)["rook-ceph-cluster"]["values"]
+    spec = values["cephClusterSpec"]
+    assert (spec["mon"]["count"], spec["mgr"]["count"]) == (mons, mgrs)
+    assert spec["cleanupPolicy"]["confirmation"] == ""
+    placement = spec["placement"]
+    role = {daemon: placement[daemon]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] for daemon in ("mon", "mgr", "osd")}
+    assert role == {"mon": ["system"], "mgr": ["system"], "osd": ["storage"]}
+    assert spec["storage"]["useAllDevices"] is False and spec["storage"]["deviceFilter"]
+    (pool,) = values["cephBlockPools"]
+    assert pool["spec"]["failureDomain"] == "host" and pool["spec"]["replicated"]["size"] == replicas
+    assert pool["spec"]["replicated"]["requireSafeReplicaSize"] is (replicas > 1)
+    (filesystem,) = values["cephFileSystems"]
+    fs = filesystem["spec"]
+    assert {p["replicated"]["size"] for p in [fs["metadataPool"], *fs["dataPools"]]} == {replicas}
+    assert fs["mirroring"]["snapshotSchedules"] == [{"path": "/volumes/csi", "interval": interval}]
+    assert fs["mirroring"]["snapshotRetention"] == [{"path": "/volumes/csi", "duration": retention}]
+    assert values["monitoring"]["enabled"] is True
+
+
+def test_ceph_data_is_protected() -> None:
+    protected = {r.name for r in _recording("prod").resources if r.type == HELM_RELEASE and r.protect}
+    assert protected == {"rook-ceph-storage-release"}
+
+
+@pytest.mark.parametrize(("cron", "interval"), [
+    ("0 */6 * * *", "6h"), ("*/30 * * * *", "30m"), ("0 0 * * *", "1d"), ("0 0 */2 * *", "2d"),
+])
+def test_snapshot_interval_from_cron(cron: str, interval: str) -> None:
+    assert snapshot_interval(cron) == interval
+
+
+@pytest.mark.parametrize("cron", ["15 */6 * * *", "0 3 * * *", "0 */6 * * 1", "every hour"])
+def test_snapshot_interval_rejects_non_periodic_cron(cron: str) -> None:
+    with pytest.raises(ValueError, match="periodic"):
+        snapshot_interval(cron)
+
+
+# ------------------------------------------------------------------------------------------ Fluid/Alluxio
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging", "dev"])
+def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
+    alluxio = _config(stack)["trainyard:addons"]["alluxio"]
+    (runtime,) = _objects(stack, "AlluxioRuntime")
+    levels = runtime["spec"]["tieredstore"]["levels"]
+    assert [(lv["mediumtype"], lv["path"], lv["quota"]) for lv in levels] == [
+        ("MEM", "/dev/shm", alluxio["memoryCache"]), ("SSD", "/mnt/trainyard-cache", alluxio["ssdCache"])]
+    assert runtime["spec"]["worker"]["nodeSelector"] == {"trainyard.io/role": "gpu"}
+    datasets = {d["metadata"]["namespace"]: d["spec"] for d in _objects(stack, "Dataset")}
+    source = datasets.pop("trainyard-data")
+    (mount,) = source["mounts"]
+    assert mount["mountPoint"].startswith("s3://") and mount["mountPoint"].endswith("/datasets")
+    assert mount["readOnly"] is True and not any(k.endswith(("accessKeyId", "secretKey")) for k in mount["options"])
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in source["tolerations"]
+    assert set(datasets) == {t.get("namespace", t["name"]) for t in _tenants(stack)}
+    for spec in datasets.values():
+        assert spec["mounts"] == [{"mountPoint": "dataset://trainyard-data/training-data", "readOnly": True}]
+        assert spec["accessModes"] == ["ReadOnlyMany"]
+    assert _one(stack, "ServiceAccount", "alluxio")["metadata"]["namespace"] == "trainyard-data"
+
+
+# -------------------------------------------------------------------------------------------- Monitoring
+
+
+@pytest.mark.parametrize("stack", ["prod", "local"])
+def test_prometheus_storage_and_retention(stack: str) -> None:
+    monitoring = _config(stack)["trainyard:addons"]["monitoring"]
+    spec = _releases(stack)["kube-prometheus-stack"]["values"]["prometheus"]["prometheusSpec"]
+    assert spec["retention"] == monitoring["retention"]
+    claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == monitoring["storageSize"]
+    # Ceph RBD where Rook runs; the cluster default on the local target.
+    assert claim.get("storageClassName") == ("ceph-block" if stack == "prod" else None)
+
+
+def test_retention_size_leaves_headroom() -> None:
+    assert retention_size("500Gi") == "425GB"
+    assert retention_size("1Ti") == "870GB"
+    with pytest.raises(ValueError):
+        retention_size("lots")
+
+
+def _with_grafana_password(stack: str, password: str) -> StackFile:
+    base = read_stack(stack)
+    key = "trainyard:grafanaAdminPassword"
+    return StackFile(stack=stack, values={**base.values, key: password}, secret_keys=(*base.secret_keys, key))
+
+
+@pytest.mark.parametrize("password", [None, "correct-horse-battery-staple"])
+def test_grafana_password_never_in_clear(password: str | None) -> None:
+    recording = _recording("local") if password is None else render(_with_grafana_password("local", password))
+    values = {release_of(r)["chart"]: release_of(r)["values"] for r in recording.resources if r.type == HELM_RELEASE}
+    admin = values["kube-prometheus-stack"]["grafana"]["admin"]
+    (secret,) = [manifest_of(r) for r in recording.resources if r.type == "kubernetes:core/v1:Secret"]
+    assert admin == {"existingSecret": secret["metadata"]["name"], "userKey": "admin-user",
+                     "passwordKey": "admin-password"}
+    assert secret["stringData"] == SECRET
+    assert "adminPassword" not in json.dumps(values)
+    if password is not None:
+        assert password not in json.dumps([r.as_json() for r in recording.resources])
+    else:
+        generated = [r.type for r in recording.resources if r.type.startswith("random:")]
+        assert generated == ["random:index/randomPassword:RandomPassword"]
+
+
+def test_rules_and_dashboards_become_objects() -> None:
+    rules = {r["metadata"]["name"]: r["spec"] for r in _objects("prod", "PrometheusRule")}
+    for path in sorted((PLATFORM_DIR / "monitoring" / "rules").glob("*.rules.yaml")):
+        name = f"trainyard-{path.name.removesuffix('.rules.yaml')}"
+        assert rules[name] == {"groups": yaml.safe_load(path.read_text())["groups"]}
+    dashboards = [c for c in _objects("prod", "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(dashboards) == len(list((PLATFORM_DIR / "monitoring" / "dashboards").glob("*.json")))
+
+
+def test_adapter_serves_the_gpu_utilization_metric() -> None:
+    rules = yaml.safe_load((PLATFORM_DIR / "prometheus-adapter" / "rules.yaml").read_text())["rules"]
+    assert _releases("prod")["prometheus-adapter"]["values"]["rules"] == rules
+    assert gpu_utilization_metric(rules) == "trainyard_gpu_utilization"
+    with pytest.raises(ValueError, match="exactly one"):
+        gpu_utilization_metric({"custom": []})
+
+
+@pytest.mark.parametrize("stack", ["prod", "local"])
+def test_nothing_is_exposed_through_a_load_balancer(stack: str) -> None:
+    everything = [r.inputs for r in _recording(stack).resources if r.type.startswith("kubernetes:")]
+    assert not any(value == "LoadBalancer" for value in _walk(everything))
+
+
+def _records(stack: str, type_prefix: str) -> list[ResourceRecord]:
+    return [r for r in _recording(stack).resources if r.type.startswith(type_prefix)]
+
+
+@pytest.mark.parametrize("stack", ["prod", "local"])
+def test_every_addon_is_a_typed_component(stack: str) -> None:
+    components = {r.type for r in _records(stack, "trainyard:platform:")}
+    expected = {"trainyard:platform:Volcano", "trainyard:platform:Monitoring", "trainyard:platform:Tenants"}
+    if stack == "prod":
+        expected |= {"trainyard:platform:Cilium", "trainyard:platform:GpuOperator", "trainyard:platform:RookCeph",
+                     "trainyard:platform:CephStorage", "trainyard:platform:Alluxio"}
+    assert components - {"trainyard:platform:Karpenter"} == expected  # Karpenter: the cloud engineer's
