@@ -24,12 +24,19 @@ def critical_path(recording: Recording) -> list[str]:
 
     @cache
     def longest(urn: str) -> tuple[str, ...]:
-        chains = [longest(dep) for dep in waits_for(urn)]
-        return (*(max(chains, key=len) if chains else ()), urn)
+        best: tuple[str, ...] = ()
+        for dep in waits_for(urn):
+            chain = longest(dep)
+            if len(chain) > len(best):
+                best = chain
+        return (*best, urn)
 
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(by_urn)))
-    chains = [longest(urn) for urn in sorted(by_urn)]
-    return list(max(chains, key=len)) if chains else []
+    path: tuple[str, ...] = ()
+    for urn in sorted(by_urn):
+        if len(longest(urn)) > len(path):
+            path = longest(urn)
+    return list(path)
 
 
 def main(stack: str) -> None:

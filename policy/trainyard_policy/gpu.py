@@ -1,4 +1,4 @@
-"""GPU guardrails: MIG layouts fit the pool's GPUs, GPU pools are tainted, GPU pods ask for GPUs and tolerate the taint."""
+"""GPU guardrails: MIG layouts fit the GPUs, GPU pools are tainted, GPU pods ask for GPUs and tolerate the taint."""
 
 from __future__ import annotations
 

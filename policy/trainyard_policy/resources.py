@@ -14,7 +14,7 @@ class Resource:
     urn: str
     type: str
     name: str
-    inputs: Mapping[str, Any]
+    inputs: dict[str, Any]
     protect: bool = False
     parent: str | None = None
 

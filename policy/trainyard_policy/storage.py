@@ -15,6 +15,8 @@ _BUCKET_CONFIG = {
 }
 _STATEFUL_TYPES = frozenset({BUCKET, "aws:kms/key:Key"})
 _STATEFUL_KINDS = frozenset({"CephCluster", "CephFilesystem", "CephObjectStore"})
+# Charts whose release owns stateful custom resources (rook-ceph-cluster creates the CephCluster and filesystems).
+_STATEFUL_CHARTS = frozenset({"rook-ceph-cluster"})
 
 
 def _config_ok(config: Resource) -> bool:
@@ -56,8 +58,13 @@ def _is_checkpoint_claim(resource: Resource) -> bool:
     return kind_of(resource) == "PersistentVolumeClaim" and "checkpoint" in name
 
 
+def _is_stateful_release(resource: Resource) -> bool:
+    chart = str(resource.inputs.get("chart", "")).rsplit("/", 1)[-1]
+    return resource.type == "kubernetes:helm.sh/v3:Release" and chart in _STATEFUL_CHARTS
+
+
 def stateful_protected(resources: Sequence[Resource]) -> list[Violation]:
     """Data that a replace or a stray `pulumi destroy` would lose is protected."""
     return [Violation(r.urn, "stateful resource is not protected") for r in resources
             if not r.protect and (r.type in _STATEFUL_TYPES or kind_of(r) in _STATEFUL_KINDS
-                                  or _is_checkpoint_claim(r))]
+                                  or _is_checkpoint_claim(r) or _is_stateful_release(r))]

@@ -148,6 +148,8 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("local-block-on-aws", _set("local", {"kubeconfigContext": "kind-x"}), "trainyard:local", "only allowed"),
     ("bad-retention", _set("addons.monitoring.retention", "30 days"), "trainyard:addons.monitoring.retention",
      "pattern"),
+    ("autoscaling-on-smoke", _set("workloads[3].autoscaling", {"enabled": True}),
+     "trainyard:workloads[3].autoscaling.enabled", "only 'elastic'"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
 ]

@@ -219,8 +219,12 @@ class Tenant(Model):
 
 
 class Autoscaling(Model):
+    """Elastic growth: request maxNodes pods; the gang starts at minNodes and grows as Karpenter adds nodes.
+
+    Not an HPA on GPU utilization: a Volcano Job has no scale subresource (see the README, "Autoscaling").
+    """
+
     enabled: bool = False
-    target_gpu_utilization: Annotated[int, Field(ge=1, le=100)] = 70
 
 
 class Job(Model):

@@ -219,8 +219,9 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
             yield Problem(f"{at}.minNodes", f"{job.min_nodes} is greater than maxNodes {job.max_nodes}")
         if job.kind in ("smoke", "mig") and job.max_nodes != 1:
             yield Problem(f"{at}.maxNodes", f"a {job.kind!r} job runs on one node: must be 1")
-        if job.autoscaling.enabled and (job.kind != "elastic" or not s.addons.monitoring.enabled):
-            yield Problem(f"{at}.autoscaling.enabled", "autoscaling needs an 'elastic' job and monitoring enabled")
+        if job.autoscaling.enabled and job.kind != "elastic":
+            yield Problem(f"{at}.autoscaling.enabled", f"only 'elastic' jobs grow between minNodes and maxNodes, "
+                                                       f"this is a {job.kind!r} job")
         if not (trainer_configs / job.trainer_config).is_file():
             available = _allowed(p.name for p in trainer_configs.glob("*.yaml"))
             yield Problem(f"{at}.trainerConfig", f"{job.trainer_config!r} is not a file in workloads/configs/; "

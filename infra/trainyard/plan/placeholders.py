@@ -55,7 +55,7 @@ class PlaceholderMocks(pulumi.runtime.Mocks):
                 "clusterSecurityGroupId": "sg-cluster",
                 "vpcConfig": {**state.get("vpcConfig", {}), "clusterSecurityGroupId": "sg-cluster"},
             }
-        if typ == "aws:s3/bucketV2:BucketV2" or typ == "aws:s3/bucket:Bucket":
+        if typ == "aws:s3/bucket:Bucket":
             return {"bucket": state.get("bucket", name)}
         if typ == "aws:sqs/queue:Queue":
             return {"url": f"https://sqs.{self.region}.amazonaws.com/{ACCOUNT}/{state.get('name', name)}"}

@@ -16,14 +16,6 @@ from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 API_SERVER_CONFIG_MAP = "cilium-api-server"
 API_SERVER_HOST_KEY = "host"
 
-# Cilium is up before kube-prometheus-stack (which needs a CNI to run), so the chart must not apply
-# ServiceMonitors: their CRD does not exist yet. The Monitoring component scrapes Cilium instead.
-_NO_SERVICE_MONITORS: dict[str, Any] = {
-    "prometheus": {"serviceMonitor": {"enabled": False}},
-    "operator": {"prometheus": {"serviceMonitor": {"enabled": False}}},
-    "hubble": {"metrics": {"serviceMonitor": {"enabled": False}}},
-}
-
 
 @dataclass(frozen=True)
 class CiliumArgs:
@@ -35,12 +27,11 @@ class CiliumArgs:
 
 
 def cilium_values(args: CiliumArgs) -> dict[str, Any]:
-    """Computed values on top of the catalogue's: API server endpoint, routing CIDR, scrape wiring."""
+    """Computed values on top of the catalogue's: API server endpoint and routing CIDR."""
     values: dict[str, Any] = {
-        **_NO_SERVICE_MONITORS,
         "ipv4NativeRoutingCIDR": args.native_routing_cidr,
         # Hubble UI is a ClusterIP service reached with `kubectl port-forward`: never a LoadBalancer.
-        "hubble": {**_NO_SERVICE_MONITORS["hubble"], "ui": {"enabled": args.hubble_ui}},
+        "hubble": {"ui": {"enabled": args.hubble_ui}},
     }
     if args.cluster.api_server_host is not None:
         # Without kube-proxy the agent cannot use the kubernetes Service VIP to find the API server.

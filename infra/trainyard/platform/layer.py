@@ -23,6 +23,7 @@ from trainyard.platform.catalogue import Catalogue, load_catalogue
 from trainyard.platform.cilium import Cilium, CiliumArgs
 from trainyard.platform.context import PlatformContext
 from trainyard.platform.gpu_operator import GpuOperator, GpuOperatorArgs
+from trainyard.platform.karpenter import Karpenter, KarpenterArgs
 from trainyard.platform.kube import HelmChart
 from trainyard.platform.monitoring import Monitoring, MonitoringArgs
 from trainyard.platform.rook_ceph import RookCeph, RookCephArgs, block_storage_class, filesystem_storage_class
@@ -72,9 +73,12 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
             scrape_cilium=cilium is not None, depends_on=cni))
         releases += [monitoring.release, monitoring.adapter]
 
-    # KARPENTER CALL SITE: trainyard.platform.karpenter (cloud engineer) is not in the tree yet. Its release
-    # ships a ServiceMonitor, so it must depend on [*cni, monitoring.release]; NodePools/EC2NodeClasses on its
-    # release (controller_deletes=True).
+    if cluster.karpenter is not None:
+        # Its chart ships a ServiceMonitor: after kube-prometheus-stack as well as the CNI.
+        karpenter = Karpenter("karpenter", KarpenterArgs(
+            cluster=cluster, chart=_chart(catalogue, "karpenter"),
+            after=(*cni, *([monitoring.release] if monitoring else []))))
+        releases.append(karpenter.release)
 
     volcano = None
     if addons.volcano.enabled:

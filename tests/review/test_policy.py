@@ -1,0 +1,211 @@
+"""The policy pack passes on every stack, and each rule catches a broken copy of a real record."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from review_support import STACKS, rendered
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard_policy.resources import Resource, from_record, kind_of, metadata, pod_specs
+from trainyard_policy.rules import RULES, evaluate
+
+RULE_NAMES = [rule.name for rule in RULES]
+
+
+def views(stack: str) -> list[Resource]:
+    return [from_record(r) for r in rendered(stack).resources]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_rule_passes_on_the_stack(stack: str) -> None:
+    violations = {name: [str(v) for v in found] for name, found in evaluate(views(stack)).items() if found}
+    assert violations == {}
+
+
+def find(predicate: Callable[[Resource], bool], what: str) -> tuple[list[Resource], Resource]:
+    """The first stack (in name order) with a matching record: its resources and a deep copy of the record."""
+    for stack in STACKS:
+        resources = views(stack)
+        for r in resources:
+            if predicate(r):
+                return resources, dataclasses.replace(r, inputs=copy.deepcopy(dict(r.inputs)))
+    pytest.fail(f"no stack renders {what}: this guardrail cannot be exercised on a real record")
+
+
+def swap(resources: list[Resource], broken: Resource) -> list[Resource]:
+    return [broken if r.urn == broken.urn else r for r in resources]
+
+
+def flagged(rule: str, resources: list[Resource]) -> set[str]:
+    return {v.urn for v in evaluate(resources)[rule]}
+
+
+def _node_template(r: Resource) -> dict[str, Any]:
+    return r.inputs["spec"]["template"]
+
+
+def _is_gpu_pool(r: Resource) -> bool:
+    if kind_of(r) != "NodePool":
+        return False
+    requirements = _node_template(r)["spec"].get("requirements") or []
+    return any(INSTANCE_TYPES.get(v) and INSTANCE_TYPES[v].gpu_count for req in requirements
+               for v in req.get("values") or [])
+
+
+def _has_mig_label(r: Resource) -> bool:
+    return _is_gpu_pool(r) and "nvidia.com/mig.config" in (_node_template(r).get("metadata") or {}).get("labels", {})
+
+
+def _gpu_containers(r: Resource) -> Iterator[dict[str, Any]]:
+    for pod in pod_specs(r.inputs.get("spec")):
+        for c in pod["containers"]:
+            if any(k.startswith("nvidia.com/") for k in ((c.get("resources") or {}).get("limits") or {})):
+                yield c
+
+
+def _is_gpu_job(r: Resource) -> bool:
+    return r.type.startswith("kubernetes:batch.volcano.sh/") and any(True for _ in _gpu_containers(r))
+
+
+def test_mig_layout_that_does_not_fit_is_caught() -> None:
+    resources, pool = find(_has_mig_label, "a GPU NodePool with a MIG layout")
+    _node_template(pool)["metadata"]["labels"]["nvidia.com/mig.config"] = "no-such-layout"
+    assert pool.urn in flagged("mig-layout-fits", swap(resources, pool))
+
+
+def test_untainted_gpu_pool_is_caught() -> None:
+    resources, pool = find(_is_gpu_pool, "a GPU NodePool")
+    _node_template(pool)["spec"]["taints"] = []
+    assert pool.urn in flagged("gpu-pools-tainted", swap(resources, pool))
+
+
+def test_gpu_pod_without_toleration_is_caught() -> None:
+    resources, job = find(_is_gpu_job, "a Volcano Job requesting GPUs")
+    for pod in pod_specs(job.inputs["spec"]):
+        assert isinstance(pod, dict)
+        pod["tolerations"] = [t for t in pod.get("tolerations") or [] if t.get("key") != "nvidia.com/gpu"
+                              and t.get("operator") != "Exists"]
+    assert job.urn in flagged("gpu-workloads", swap(resources, job))
+
+
+def test_gpu_pod_without_gpu_limit_is_caught() -> None:
+    resources, job = find(_is_gpu_job, "a Volcano Job requesting GPUs")
+    for container in _gpu_containers(job):
+        limits = container["resources"]["limits"]
+        for key in [k for k in limits if k.startswith("nvidia.com/")]:
+            del limits[key]
+    assert job.urn in flagged("gpu-workloads", swap(resources, job))
+
+
+def _bucket_config(kind: str) -> Callable[[Resource], bool]:
+    return lambda r: r.type == f"aws:s3/bucket{kind}:Bucket{kind}"
+
+
+def _owner(resources: list[Resource], config: Resource) -> str:
+    return next(r.urn for r in resources if r.type == "aws:s3/bucket:Bucket" and r.parent == config.parent)
+
+
+def test_unversioned_bucket_is_caught() -> None:
+    resources, versioning = find(_bucket_config("Versioning"), "a bucket versioning configuration")
+    versioning.inputs["versioningConfiguration"]["status"] = "Suspended"
+    assert versioning.urn in flagged("buckets-secure", swap(resources, versioning))
+    without = [r for r in resources if r.urn != versioning.urn]
+    assert _owner(resources, versioning) in flagged("buckets-secure", without)
+
+
+def test_public_bucket_is_caught() -> None:
+    resources, block = find(_bucket_config("PublicAccessBlock"), "a bucket public access block")
+    block.inputs["restrictPublicBuckets"] = False
+    assert block.urn in flagged("buckets-secure", swap(resources, block))
+
+
+def test_unencrypted_bucket_is_caught() -> None:
+    resources, sse = find(_bucket_config("ServerSideEncryptionConfiguration"), "a bucket encryption configuration")
+    without = [r for r in resources if r.urn != sse.urn]
+    assert _owner(resources, sse) in flagged("buckets-secure", without)
+
+
+def test_imdsv1_launch_template_is_caught() -> None:
+    resources, template = find(lambda r: r.type == "aws:ec2/launchTemplate:LaunchTemplate", "a launch template")
+    template.inputs["metadataOptions"]["httpTokens"] = "optional"
+    assert template.urn in flagged("imdsv2-required", swap(resources, template))
+
+
+def test_imdsv1_node_class_is_caught() -> None:
+    resources, node_class = find(lambda r: kind_of(r) == "EC2NodeClass", "a Karpenter EC2NodeClass")
+    node_class.inputs["spec"].setdefault("metadataOptions", {})["httpTokens"] = "optional"
+    assert node_class.urn in flagged("imdsv2-required", swap(resources, node_class))
+
+
+def test_wildcard_iam_statement_is_caught() -> None:
+    resources, policy = find(lambda r: r.type == "aws:iam/rolePolicy:RolePolicy", "an IAM role policy")
+    document = json.loads(policy.inputs["policy"])
+    document["Statement"].append({"Effect": "Allow", "Action": "*", "Resource": ["*"]})
+    broken = dataclasses.replace(policy, inputs={**policy.inputs, "policy": json.dumps(document)})
+    assert policy.urn in flagged("no-wildcard-iam", swap(resources, broken))
+
+
+@pytest.mark.parametrize("version", ["", "^1.2.0", "1.x", "latest"])
+def test_floating_chart_version_is_caught(version: str) -> None:
+    resources, release = find(lambda r: r.type == "kubernetes:helm.sh/v3:Release", "a Helm release")
+    release.inputs["version"] = version
+    assert release.urn in flagged("charts-pinned", swap(resources, release))
+
+
+@pytest.mark.parametrize("image", ["ghcr.io/trainyard/trainer:latest", "ghcr.io/trainyard/trainer",
+                                   "registry.local:5000/trainer"])
+def test_unpinned_pod_image_is_caught(image: str) -> None:
+    resources, job = find(_is_gpu_job, "a Volcano Job requesting GPUs")
+    next(_gpu_containers(job))["image"] = image
+    assert job.urn in flagged("images-pinned", swap(resources, job))
+
+
+def test_latest_tag_in_chart_values_is_caught() -> None:
+    resources, release = find(lambda r: r.type == "kubernetes:helm.sh/v3:Release", "a Helm release")
+    release.inputs.setdefault("values", {})["sidecar"] = {"image": {"repository": "x/y", "tag": "latest"}}
+    assert release.urn in flagged("images-pinned", swap(resources, release))
+
+
+@pytest.mark.parametrize(("what", "predicate"), [
+    ("an S3 bucket", lambda r: r.type == "aws:s3/bucket:Bucket"),
+    ("a KMS key", lambda r: r.type == "aws:kms/key:Key"),
+    # The stacks create CephCluster and CephFilesystem through this chart's release.
+    ("the rook-ceph-cluster release",
+     lambda r: r.type.endswith(":Release") and r.inputs.get("chart") == "rook-ceph-cluster"),
+    ("a checkpoint claim",
+     lambda r: kind_of(r) == "PersistentVolumeClaim" and "checkpoint" in str(metadata(r).get("name"))),
+])
+def test_unprotected_stateful_resource_is_caught(what: str, predicate: Callable[[Resource], bool]) -> None:
+    resources, record = find(predicate, what)
+    assert record.urn not in flagged("stateful-protected", resources)
+    assert record.urn in flagged("stateful-protected", swap(resources, dataclasses.replace(record, protect=False)))
+
+
+def _tenant_namespace(r: Resource) -> bool:
+    return kind_of(r) == "Namespace" and "trainyard.io/tenant" in (metadata(r).get("labels") or {})
+
+
+def test_tenant_without_default_deny_is_caught() -> None:
+    resources, namespace = find(_tenant_namespace, "a tenant namespace")
+    name = metadata(namespace)["name"]
+    kept = [r for r in resources if not (kind_of(r).endswith("NetworkPolicy") and metadata(r).get("namespace") == name)]
+    assert namespace.urn in flagged("tenants-isolated", kept)
+
+
+def test_tenant_without_queue_is_caught() -> None:
+    resources, namespace = find(_tenant_namespace, "a tenant namespace")
+    tenant = metadata(namespace)["labels"]["trainyard.io/tenant"]
+    kept = [r for r in resources if not (kind_of(r) in ("Queue", "QueuePatch")
+                                         and (metadata(r).get("labels") or {}).get("trainyard.io/tenant") == tenant)]
+    assert namespace.urn in flagged("tenants-isolated", kept)
+
+
+def test_every_rule_has_a_breaking_test() -> None:
+    covered = {"mig-layout-fits", "gpu-pools-tainted", "gpu-workloads", "buckets-secure", "imdsv2-required",
+               "no-wildcard-iam", "charts-pinned", "images-pinned", "stateful-protected", "tenants-isolated"}
+    assert covered == set(RULE_NAMES)
