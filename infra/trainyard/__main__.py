@@ -67,9 +67,6 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
     print(report.summary(recording, settings, pool_capacity(settings, load_mig_catalog())))
     if out is not None:
         write_plan(recording, out)
-        dependencies = graph.build(recording)
-        (out / "graph.mmd").write_text(graph.to_mermaid(dependencies))
-        (out / "graph.dot").write_text(graph.to_dot(dependencies))
         print(f"\nWrote {out}/resources.json, {out}/manifests/, {out}/helm/, {out}/graph.mmd, {out}/graph.dot")
     if graph_file is not None:
         dependencies = graph.build(recording)

@@ -20,12 +20,18 @@ class Resource:
 
 
 class _Record(Protocol):
-    urn: str
-    type: str
-    name: str
-    inputs: dict[str, Any]
-    protect: bool
-    parent: str | None
+    @property
+    def urn(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def inputs(self) -> dict[str, Any]: ...
+    @property
+    def protect(self) -> bool: ...
+    @property
+    def parent(self) -> str | None: ...
 
 
 def from_record(record: _Record) -> Resource:

@@ -73,3 +73,13 @@ def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
     text = "".join(p.read_text() for p in (tmp_path / "plan").rglob("*") if p.is_file())
     assert clear not in text
     assert SECRET in text
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_committed_plan_is_fresh(stack: str, tmp_path: Path) -> None:
+    """plans/<stack>/ is what reviewers diff in a pull request: it must match the code and stack file."""
+    committed = ROOT / "plans" / stack
+    assert committed.is_dir(), f"plans/{stack}/ is missing: run `make plans` and commit it"
+    write_plan(render(read_stack(stack)), tmp_path / stack)
+    stale = _same_tree(tmp_path / stack, committed)
+    assert stale == [], f"plans/{stack}/ is stale ({', '.join(stale[:5])}...): run `make plans` and commit it"

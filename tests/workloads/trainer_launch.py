@@ -32,6 +32,9 @@ def free_port() -> int:
 def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
+    # A fresh TCPStore per rendezvous round: with torchrun's shared store, restarted workers can read
+    # their predecessors' gloo addresses and fail to connect (see workloads/README.md).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKLOADS), env.get("PYTHONPATH")]))
     env.pop("TRAINYARD_METRICS_PORT", None)
     return env

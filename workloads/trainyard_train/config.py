@@ -6,6 +6,7 @@ typo in a 40-line YAML file or a CLI override is found at once, before any proce
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
 from collections.abc import Mapping, Sequence
@@ -226,6 +227,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         )
         return value
     if annotation is float:
+        if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string; accept it as a number
+            with contextlib.suppress(ValueError):
+                value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _require(ok, key, f"expected a number, got {value!r}")
         return float(value)

@@ -24,6 +24,8 @@ class DistEnv:
     max_restarts: int
     run_id: str
     under_torchrun: bool
+    shared_agent_store: bool
+    """torchrun's store outlives worker restarts; stale keys in it can break the restarted group."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> DistEnv:
@@ -42,6 +44,7 @@ class DistEnv:
             max_restarts=num("TORCHELASTIC_MAX_RESTARTS", 0),
             run_id=env.get("TORCHELASTIC_RUN_ID", "standalone"),
             under_torchrun="TORCHELASTIC_RUN_ID" in env or "MASTER_ADDR" in env,
+            shared_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         )
 
     @property

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from .config import load_config
 from .distributed import DistEnv, destroy_distributed, init_distributed
-from .logs import setup_logging
+from .logs import kv, setup_logging
 from .loop import Trainer
 
 
@@ -26,7 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)  # fail on a bad key before joining the rendezvous
     env = DistEnv.from_env()
-    setup_logging(env.rank, env.world_size)
+    log = setup_logging(env.rank, env.world_size)
+    if env.shared_agent_store and env.is_main:
+        log.warning(
+            kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")
+        )
     runtime = init_distributed(env, cfg.comm.timeout_s)
     try:
         return Trainer(cfg, runtime).run()

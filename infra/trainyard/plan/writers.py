@@ -1,4 +1,5 @@
-"""Write a recording as files reviewers read: resources.json, one manifest per object, one file per release."""
+"""Write a recording as files reviewers read: resources.json, one manifest per object, one file per release,
+and the dependency graph."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from trainyard.plan import graph
 from trainyard.plan.recording import Recording, ResourceRecord
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -55,6 +57,9 @@ def write_plan(recording: Recording, out: Path) -> None:
     resources = sorted(recording.resources, key=lambda r: r.urn)
     (out / "resources.json").write_text(json.dumps([r.as_json() for r in resources], indent=2, sort_keys=True) + "\n")
     (out / "outputs.json").write_text(json.dumps(recording.outputs, indent=2, sort_keys=True) + "\n")
+    dependencies = graph.build(recording)
+    (out / "graph.mmd").write_text(graph.to_mermaid(dependencies))
+    (out / "graph.dot").write_text(graph.to_dot(dependencies))
     for record in resources:
         if record.type == HELM_RELEASE:
             release = release_of(record)

@@ -25,6 +25,18 @@ DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
 # FI_EFA_USE_DEVICE_RDMA and NCCL_PROTO are deliberately unset: obsolete (and harmful for the latter) with
 # libfabric >= 1.18 and aws-ofi-nccl >= 1.7, which p5 instances require anyway.
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_HUGE_PAGE": "0"}
+# The trainer image's unprivileged user (workloads/Dockerfile). Nothing in a training pod needs root, extra
+# capabilities or the Kubernetes API (EKS Pod Identity injects its own token for S3).
+TRAINER_UID = 10001
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_UID,
+    "fsGroup": TRAINER_UID,
+    # Checkpoint volumes are large: chown them only when their root is not ours yet.
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def config_map_name(args: TrainingJobArgs) -> str:
@@ -64,6 +76,8 @@ def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": shape.restart_policy,
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY),
         "priorityClassName": args.priority_class,
         "terminationGracePeriodSeconds": termination_grace_seconds(args),
         "containers": [_container(args, shape)],
@@ -82,12 +96,17 @@ def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
 
 def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
     env = {"TRAINYARD_METRICS_PORT": str(launch.METRICS_PORT)}
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
     if EFA_RESOURCE in shape.resources.accelerators:
         env |= EFA_ENV
+        # EFA registers (pins) NCCL's buffers with the device; pinning past RLIMIT_MEMLOCK needs IPC_LOCK.
+        capabilities["add"] = ["IPC_LOCK"]
     mounts = [
         {"name": "trainer-config", "mountPath": launch.CONFIG_DIR, "readOnly": True},
         {"name": "checkpoints", "mountPath": launch.CHECKPOINT_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        # The root filesystem is read-only; torchrun keeps its per-run logs under /tmp.
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     if args.dataset_claim is not None:
         mounts.append({"name": "dataset", "mountPath": DATASET_DIR, "readOnly": True})
@@ -103,6 +122,8 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         ],
         "resources": shape.resources.as_k8s(),
         "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": capabilities},
     }
 
 
@@ -111,6 +132,7 @@ def _volumes(args: TrainingJobArgs) -> list[dict[str, Any]]:
         {"name": "trainer-config", "configMap": {"name": config_map_name(args)}},
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim_name(args)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": args.job.shm_size}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
     if args.dataset_claim is not None:
         volumes.append({"name": "dataset",

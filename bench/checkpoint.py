@@ -1,0 +1,76 @@
+"""Checkpoint save/restore time for a GPT-2-small-sized model + AdamW state (one process, local disk):
+sync save, async save (blocking part and total), and restore. Prints numbers only.
+
+    .venv/bin/python bench/checkpoint.py [--layers 12 --d-model 768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
+from trainyard_train.checkpoint import Checkpointer  # noqa: E402
+from trainyard_train.config import ModelConfig  # noqa: E402
+from trainyard_train.model import DecoderLM  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=768)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.new_group(backend="gloo")
+    model = DecoderLM(
+        ModelConfig(vocab_size=32768, seq_len=1024, d_model=args.d_model, n_layers=args.layers, n_heads=12)
+    )
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()  # materialize Adam moments so they are part of the checkpoint
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    size = sum(t.numel() * t.element_size() for t in [*model_sd.values(), *_tensors(optim_sd)])
+    print(
+        f"params {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M, checkpoint {size / 2**20:.0f} MiB"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for async_save in (False, True):
+            ckpt = Checkpointer(
+                Path(tmp) / str(async_save), keep_last=2, async_save=async_save, group=group, is_main=True
+            )
+            started = time.perf_counter()
+            ckpt.save(1, state, {"world_size": 1})
+            blocking = time.perf_counter() - started
+            ckpt.wait()
+            total = time.perf_counter() - started
+            mode = "async" if async_save else "sync"
+            print(
+                f"{mode:>5} save: blocking {blocking:.2f} s, committed after {total:.2f} s "
+                f"({size / 2**20 / total:.0f} MiB/s)"
+            )
+            started = time.perf_counter()
+            ckpt.load_latest(lambda _r, _m: state, lambda _s: None)
+            print(f"{mode:>5} restore: {time.perf_counter() - started:.2f} s")
+    dist.destroy_process_group()
+
+
+def _tensors(tree: object) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+if __name__ == "__main__":
+    main()
