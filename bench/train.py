@@ -11,6 +11,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "workloads"))
@@ -48,7 +49,7 @@ def main() -> None:
             root / "kill", ["train.steps=150", f"checkpoint.interval_steps={interval}"], max_restarts=2
         )
         launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 50 for e in ev))
-        killed_at = __import__("time").time()
+        killed_at = time.time()
         os.kill(launched.worker_pids()[-1], signal.SIGKILL)
         launched.wait()
         events = launched.events()

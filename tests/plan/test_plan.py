@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from trainyard.plan.recording import SECRET
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.plan.writers import write_plan

@@ -30,13 +30,14 @@ class PlaceholderMocks(pulumi.runtime.Mocks):
                                         "status": "deployed"})
         return f"{name}-id", state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        # An empty failure list, not None: the mock monitor iterates it.
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/plan", "userId": "plan"}
+            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/plan", "userId": "plan"}, []
         if args.token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}, []
         if args.token == "aws:index/getRegion:getRegion":
-            return {"name": self.region, "region": self.region}
+            return {"name": self.region, "region": self.region}, []
         raise NotImplementedError(f"the offline plan has no placeholder for function {args.token}")
 
     def _arn(self, typ: str, service: str, name: str, state: dict[str, Any]) -> str:
