@@ -37,10 +37,8 @@ def main() -> None:
     optimizer.step()  # materialize Adam moments so they are part of the checkpoint
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    size = sum(t.numel() * t.element_size() for t in [*model_sd.values(), *_tensors(optim_sd)])
-    print(
-        f"params {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M, checkpoint {size / 2**20:.0f} MiB"
-    )
+    size = sum(t.numel() * t.element_size() for t in _tensors(state))
+    print(f"params {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M, checkpoint {size / 2**20:.0f} MiB")
     with tempfile.TemporaryDirectory() as tmp:
         for async_save in (False, True):
             ckpt = Checkpointer(

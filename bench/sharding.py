@@ -49,9 +49,7 @@ def cross_process_disagreement(sample: int) -> float:
     """Fraction of keys two fresh interpreters place on different nodes (8 nodes)."""
     code = f"print(','.join(str(hash(f'sample-{{i}}') % 8) for i in range({sample})))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    runs = [
-        subprocess.check_output([sys.executable, "-c", code], env=env, text=True).split(",") for _ in range(2)
-    ]
+    runs = [subprocess.check_output([sys.executable, "-c", code], env=env, text=True).split(",") for _ in range(2)]
     return sum(a != b for a, b in zip(*runs, strict=True)) / sample
 
 

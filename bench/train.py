@@ -45,9 +45,7 @@ def main() -> None:
         )
 
         interval = 20
-        launched = launch(
-            root / "kill", ["train.steps=150", f"checkpoint.interval_steps={interval}"], max_restarts=2
-        )
+        launched = launch(root / "kill", ["train.steps=150", f"checkpoint.interval_steps={interval}"], max_restarts=2)
         launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 50 for e in ev))
         killed_at = time.time()
         os.kill(launched.worker_pids()[-1], signal.SIGKILL)

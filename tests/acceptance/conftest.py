@@ -16,12 +16,6 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import read_stack, render, settings_of
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("trainyard acceptance")
-    group.addoption("--kubeconfig", help="kubeconfig of the cluster to check (or $TRAINYARD_KUBECONFIG)")
-    group.addoption("--stack", help="stack the cluster was deployed from (or $TRAINYARD_STACK; default dev)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

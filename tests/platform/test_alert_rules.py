@@ -35,6 +35,11 @@ def _promtool() -> str:
     return path
 
 
+def _run_promtool(*args: str) -> None:
+    result = subprocess.run([_promtool(), *args], capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def _load(path: Path) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(path.read_text())
     return document
@@ -74,26 +79,12 @@ def test_catalogue_is_not_empty() -> None:
 
 
 def test_promtool_check_rules() -> None:
-    result = subprocess.run(
-        [_promtool(), "check", "rules", *map(str, RULE_FILES)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_promtool("check", "rules", *map(str, RULE_FILES))
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda path: path.name)
 def test_promtool_unit_tests(test_file: Path) -> None:
-    result = subprocess.run(
-        [_promtool(), "test", "rules", str(test_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_promtool("test", "rules", str(test_file))
 
 
 @pytest.mark.parametrize("rule_file", RULE_FILES, ids=lambda path: path.name)
@@ -242,14 +233,7 @@ def test_adapter_metrics_query_averages_a_pods_gpus_as_percent(tmp_path: Path) -
     }
     test_file = tmp_path / "adapter.test.yaml"
     test_file.write_text(yaml.safe_dump(test))
-    result = subprocess.run(
-        [_promtool(), "test", "rules", str(test_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_promtool("test", "rules", str(test_file))
 
 
 DASHBOARDS = sorted((REPO / "platform" / "monitoring" / "dashboards").glob("*.json"))
@@ -278,14 +262,7 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     }
     rule_file = tmp_path / "dashboards.rules.yaml"
     rule_file.write_text(yaml.safe_dump(rules))
-    result = subprocess.run(
-        [_promtool(), "check", "rules", str(rule_file)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_promtool("check", "rules", str(rule_file))
 
 
 GPU_OPERATOR_VALUES = REPO / "platform" / "gpu-operator" / "values.yaml"

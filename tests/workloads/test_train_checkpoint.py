@@ -90,9 +90,7 @@ def single_process_group() -> Iterator[dist.ProcessGroup]:
 def test_save_commit_retain_and_fall_back(
     tmp_path: Path, single_process_group: dist.ProcessGroup, async_save: bool
 ) -> None:
-    ckpt = Checkpointer(
-        tmp_path, keep_last=2, async_save=async_save, group=single_process_group, is_main=True
-    )
+    ckpt = Checkpointer(tmp_path, keep_last=2, async_save=async_save, group=single_process_group, is_main=True)
     weights = torch.zeros(4)
     for step in (1, 2, 3):
         weights.fill_(step)
@@ -101,9 +99,7 @@ def test_save_commit_retain_and_fall_back(
     ckpt.wait()
     assert [r.step for r in complete_checkpoints(tmp_path)] == [2, 3]  # keep_last=2 purged step 1
 
-    (step_dir(tmp_path, 3) / ".metadata").write_bytes(
-        b"\0" * (step_dir(tmp_path, 3) / ".metadata").stat().st_size
-    )
+    (step_dir(tmp_path, 3) / ".metadata").write_bytes(b"\0" * (step_dir(tmp_path, 3) / ".metadata").stat().st_size)
     loaded: dict[str, object] = {}
 
     def make_state(_ref: CheckpointRef, _meta: dict) -> dict:

@@ -56,9 +56,7 @@ class Launch:
             if predicate(self.events()):
                 return
             if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"run exited ({self.proc.returncode}) before condition:\n{self.output()}"
-                )
+                raise AssertionError(f"run exited ({self.proc.returncode}) before condition:\n{self.output()}")
             time.sleep(0.02)
         raise AssertionError(f"timed out waiting for condition:\n{self.output()}")
 

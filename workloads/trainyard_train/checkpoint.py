@@ -187,9 +187,7 @@ class Checkpointer:
         # Only rank 0 touches COMMIT and retention; see the module docstring for why this is safe.
         if self.is_main:
             write_commit(path, {**meta, "step": step})
-            for victim in plan_retention(
-                list_step_dirs(self.root), complete_checkpoints(self.root), self.keep_last
-            ):
+            for victim in plan_retention(list_step_dirs(self.root), complete_checkpoints(self.root), self.keep_last):
                 shutil.rmtree(victim.path, ignore_errors=True)
             log.info(kv("checkpoint_committed", step=step, path=path, seconds=time.monotonic() - started))
         self.last_commit_time = time.time()

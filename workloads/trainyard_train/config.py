@@ -97,8 +97,7 @@ class TrainConfig:
         _require(self.steps >= 1, "train.steps", "must be >= 1")
         _require(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _require(
-            self.global_batch_size >= self.micro_batch_size
-            and self.global_batch_size % self.micro_batch_size == 0,
+            self.global_batch_size >= self.micro_batch_size and self.global_batch_size % self.micro_batch_size == 0,
             "train.global_batch_size",
             "must be a positive multiple of train.micro_batch_size",
         )
@@ -129,12 +128,8 @@ class CommConfig:
     def __post_init__(self) -> None:
         _require(self.hook in ("allreduce", "powersgd"), "comm.hook", "must be 'allreduce' or 'powersgd'")
         _require(self.powersgd_rank >= 1, "comm.powersgd_rank", "must be >= 1")
-        _require(
-            self.powersgd_start_iter >= 2, "comm.powersgd_start_iter", "PowerSGD needs >= 2 warm-up steps"
-        )
-        _require(
-            self.powersgd_min_compression_rate >= 1, "comm.powersgd_min_compression_rate", "must be >= 1"
-        )
+        _require(self.powersgd_start_iter >= 2, "comm.powersgd_start_iter", "PowerSGD needs >= 2 warm-up steps")
+        _require(self.powersgd_min_compression_rate >= 1, "comm.powersgd_min_compression_rate", "must be >= 1")
         _require(self.timeout_s > 0, "comm.timeout_s", "must be > 0")
 
 
@@ -204,9 +199,7 @@ def _plain(value: Any) -> Any:
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     origin = typing.get_origin(annotation)
     if origin is Literal:
-        _require(
-            value in typing.get_args(annotation), key, f"must be one of {list(typing.get_args(annotation))}"
-        )
+        _require(value in typing.get_args(annotation), key, f"must be one of {list(typing.get_args(annotation))}")
         return value
     if origin is tuple:
         item_types = typing.get_args(annotation)
@@ -215,16 +208,12 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             key,
             f"expected a list of {len(item_types)} items, got {value!r}",
         )
-        return tuple(
-            _coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True))
-        )
+        return tuple(_coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types, strict=True)))
     if annotation is bool:
         _require(isinstance(value, bool), key, f"expected true/false, got {value!r}")
         return value
     if annotation is int:
-        _require(
-            isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}"
-        )
+        _require(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
         return value
     if annotation is float:
         if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string; accept it as a number

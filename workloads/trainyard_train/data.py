@@ -98,9 +98,7 @@ class ShardReader:
             expected = m.records_per_shard * m.record_len * _DTYPE.itemsize
             if path.stat().st_size != expected:
                 raise ValueError(f"{path}: {path.stat().st_size} bytes, manifest implies {expected}")
-            self._maps[shard] = np.memmap(
-                path, dtype=_DTYPE, mode="r", shape=(m.records_per_shard, m.record_len)
-            )
+            self._maps[shard] = np.memmap(path, dtype=_DTYPE, mode="r", shape=(m.records_per_shard, m.record_len))
         return self._maps[shard][index]
 
 

@@ -72,14 +72,10 @@ def init_distributed(env: DistEnv, timeout_s: float) -> Runtime:
         backend = "gloo"
     timeout = timedelta(seconds=timeout_s)
     if env.under_torchrun:
-        dist.init_process_group(
-            backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None
-        )
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     else:
         # Plain `python -m trainyard_train`: a one-process world needs no rendezvous.
-        dist.init_process_group(
-            backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
-        )
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     grad_group = dist.new_group(backend=backend, timeout=timeout)
     checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     return Runtime(env=env, device=device, grad_group=grad_group, checkpoint_group=checkpoint_group)

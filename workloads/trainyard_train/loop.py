@@ -102,9 +102,7 @@ class Trainer:
         self.cfg = cfg
         self.rt = rt
         env = rt.env
-        self.accum = accumulation_steps(
-            cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size
-        )
+        self.accum = accumulation_steps(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size)
         torch.manual_seed(cfg.train.seed)
 
         reader = prepare_data(cfg, env.local_rank)
@@ -113,9 +111,7 @@ class Trainer:
         self.stream = ShardStream(reader, owned, self.cursors, seed=cfg.data.seed)
 
         model = DecoderLM(cfg.model).to(rt.device)
-        self.model = DistributedDataParallel(
-            model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
-        )
+        self.model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
@@ -168,9 +164,7 @@ class Trainer:
         self._merged_cursors()
         meta = {"world_size": self.rt.env.world_size, "samples": self.samples}
         self.checkpointer.save(self.step, self._state(rank_local=True), meta)
-        self.progress.write(
-            "checkpoint", step=self.step, samples=self.samples, cursor_sum=int(self.cursors.sum())
-        )
+        self.progress.write("checkpoint", step=self.step, samples=self.samples, cursor_sum=int(self.cursors.sum()))
 
     def restore(self) -> CheckpointRef | None:
         world_size = self.rt.env.world_size
@@ -179,9 +173,7 @@ class Trainer:
             return self._state(rank_local=meta.get("world_size") == world_size)
 
         def apply(state: dict[str, Any]) -> None:
-            set_state_dict(
-                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-            )
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
             self.scheduler.load_state_dict(state["scheduler"])
             progress = state["progress"]
             self.step, self.samples = int(progress["step"]), int(progress["samples"])
@@ -194,9 +186,7 @@ class Trainer:
         loaded = self.checkpointer.load_latest(make_state, apply)
         if loaded is not None:
             ref, meta = loaded
-            log.info(
-                kv("resumed", step=self.step, samples=self.samples, saved_world_size=meta.get("world_size"))
-            )
+            log.info(kv("resumed", step=self.step, samples=self.samples, saved_world_size=meta.get("world_size")))
             return ref
         return None
 

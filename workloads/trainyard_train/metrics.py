@@ -23,9 +23,7 @@ class TrainMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.step = Gauge("trainyard_train_step", "Global optimizer step", registry=r)
-        self.loss = Gauge(
-            "trainyard_train_loss", "Training loss of the last step (mean over ranks)", registry=r
-        )
+        self.loss = Gauge("trainyard_train_loss", "Training loss of the last step (mean over ranks)", registry=r)
         self.samples_per_second = Gauge(
             "trainyard_train_samples_per_second", "Global samples per second over the last step", registry=r
         )
@@ -44,9 +42,7 @@ class TrainMetrics:
         )
         self.world_size = Gauge("trainyard_train_world_size", "Workers in the current rendezvous", registry=r)
 
-    def start(
-        self, *, world_size: int, restart_count: int, last_checkpoint_time: Callable[[], float]
-    ) -> None:
+    def start(self, *, world_size: int, restart_count: int, last_checkpoint_time: Callable[[], float]) -> None:
         self.world_size.set(world_size)
         self.restarts.inc(restart_count)
         self.seconds_since_checkpoint.set_function(lambda: time.time() - last_checkpoint_time())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+import torch.distributed as dist
+
 from .config import load_config
 from .distributed import DistEnv, destroy_distributed, init_distributed
 from .logs import kv, setup_logging
@@ -28,11 +30,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = DistEnv.from_env()
     log = setup_logging(env.rank, env.world_size)
     if env.shared_agent_store and env.is_main:
-        log.warning(
-            kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")
-        )
+        log.warning(kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun"))
     runtime = init_distributed(env, cfg.comm.timeout_s)
     try:
-        return Trainer(cfg, runtime).run()
+        code = Trainer(cfg, runtime).run()
+        # Leave together: a rank tearing down gloo while its peer still finishes the last commit
+        # intermittently aborted ("terminate called without an active exception") on CPU.
+        dist.barrier()
+        return code
     finally:
         destroy_distributed()
