@@ -150,6 +150,9 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "pattern"),
     ("autoscaling-on-smoke", _set("workloads[3].autoscaling", {"enabled": True}),
      "trainyard:workloads[3].autoscaling.enabled", "only 'elastic'"),
+    ("dataset-without-alluxio", _set("addons.alluxio.enabled", False), "trainyard:workloads[0].dataset",
+     "Alluxio"),
+    ("bad-dataset-path", _set("workloads[0].dataset", "../etc"), "trainyard:workloads[0].dataset", "no '..'"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
 ]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import Config
 from .sharding import shard_key
 
 MANIFEST = "manifest.json"
@@ -81,6 +82,19 @@ def generate_successor_corpus(
     meta = {**manifest.__dict__, "generator": "successor", "noise": noise, "seed": seed}
     _atomic_write_bytes(data_dir / MANIFEST, json.dumps(meta, indent=2).encode())
     return manifest
+
+
+def generate_for(cfg: Config, data_dir: Path) -> Manifest:
+    """The corpus at the sizes a trainer config asks for (its data and model settings)."""
+    return generate_successor_corpus(
+        data_dir,
+        num_shards=cfg.data.num_shards,
+        records_per_shard=cfg.data.records_per_shard,
+        seq_len=cfg.model.seq_len,
+        vocab_size=cfg.model.vocab_size,
+        noise=cfg.data.noise,
+        seed=cfg.data.seed,
+    )
 
 
 class ShardReader:

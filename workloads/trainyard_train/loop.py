@@ -30,7 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from .checkpoint import Checkpointer, CheckpointRef
 from .comm import attach_meter, powersgd_state_blob, register_grad_hook, restore_powersgd_state
 from .config import Config, ConfigError
-from .data import MANIFEST, ShardReader, ShardStream, generate_successor_corpus
+from .data import MANIFEST, ShardReader, ShardStream, generate_for
 from .distributed import Runtime
 from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
@@ -77,15 +77,7 @@ def prepare_data(cfg: Config, local_rank: int) -> ShardReader:
     if local_rank == 0 and not (cfg.data_dir / MANIFEST).exists():
         if not cfg.data.generate:
             raise FileNotFoundError(f"{cfg.data_dir / MANIFEST} missing and data.generate is false")
-        generate_successor_corpus(
-            cfg.data_dir,
-            num_shards=cfg.data.num_shards,
-            records_per_shard=cfg.data.records_per_shard,
-            seq_len=cfg.model.seq_len,
-            vocab_size=cfg.model.vocab_size,
-            noise=cfg.data.noise,
-            seed=cfg.data.seed,
-        )
+        generate_for(cfg, cfg.data_dir)
     dist.barrier()
     reader = ShardReader(cfg.data_dir)
     m = reader.manifest

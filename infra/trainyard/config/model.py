@@ -19,6 +19,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[a-z0-9.\-/:_]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127})$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
+_PATH_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 _ARN_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[\w+=,.@/-]+$")
 
 
@@ -49,6 +50,13 @@ def _pinned_image(value: str) -> str:
     return value
 
 
+def _relative_path(value: str) -> str:
+    parts = value.split("/")
+    if not all(_PATH_PART.match(p) and p not in (".", "..") for p in parts):
+        raise ValueError(f"{value!r} must be a relative path of letters, digits, '.', '_' and '-' (no '..')")
+    return value
+
+
 def _cidr(value: str) -> str:
     try:
         net = ipaddress.IPv4Network(value, strict=True)
@@ -62,6 +70,7 @@ Quantity = Annotated[str, AfterValidator(_quantity)]
 LabelKey = Annotated[str, AfterValidator(_label_key)]
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
+RelativePath = Annotated[str, AfterValidator(_relative_path)]
 Region = Annotated[str, Field(pattern=_REGION.pattern)]
 PrincipalArn = Annotated[str, Field(pattern=_ARN_PRINCIPAL.pattern)]
 NonNegative = Annotated[int, Field(ge=0)]
@@ -238,6 +247,9 @@ class Job(Model):
     mig_profile: str | None = None
     image: PinnedImage
     trainer_config: str = "gpt-small.yaml"
+    # Token shards (manifest.json + *.bin, see workloads/README.md) under the dataset bucket's prefix, read
+    # through Alluxio. Unset: the trainer generates its synthetic corpus on the checkpoint volume.
+    dataset: RelativePath | None = None
     checkpoint_size: Quantity = "200Gi"
     shm_size: Quantity = "16Gi"
     # Seconds the trainer gets after SIGTERM to write a checkpoint (spot gives two minutes' notice).

@@ -226,6 +226,8 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
             available = _allowed(p.name for p in trainer_configs.glob("*.yaml"))
             yield Problem(f"{at}.trainerConfig", f"{job.trainer_config!r} is not a file in workloads/configs/; "
                                                  f"available: {available}")
+        if job.dataset is not None and not s.addons.alluxio.enabled:
+            yield Problem(f"{at}.dataset", "datasets are read through Alluxio: addons.alluxio.enabled must be true")
         if s.target == "local":
             if job.node_pool is not None:
                 yield Problem(f"{at}.nodePool", "must be unset for target 'local'")

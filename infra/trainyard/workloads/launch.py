@@ -16,6 +16,8 @@ RDZV_PORT = 29400
 METRICS_PORT = 9108
 CONFIG_DIR = "/etc/trainyard"
 CHECKPOINT_DIR = "/checkpoints"
+# The Alluxio dataset claim, mounted read-only.
+DATASET_DIR = "/data"
 WORKER_TASK = "worker"
 # Worker-process failures each torchrun agent absorbs before it gives up (membership changes do not count).
 TORCHRUN_MAX_RESTARTS = 10
@@ -42,8 +44,16 @@ def trainer_module_args(job: Job, *overrides: str) -> list[str]:
         f"run_dir={CHECKPOINT_DIR}",
         # The trainer's own watchdog must fire before the kubelet's SIGKILL (terminationGracePeriodSeconds).
         f"shutdown.grace_period_s={job.checkpoint_grace_seconds}",
+        *_dataset_overrides(job),
         *overrides,
     ]
+
+
+def _dataset_overrides(job: Job) -> list[str]:
+    """Read prepared shards from the dataset mount; never write into it (it is read-only)."""
+    if job.dataset is None:
+        return []
+    return [f"data.path={DATASET_DIR}/{job.dataset}", "data.generate=false"]
 
 
 def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[str]]:

@@ -14,7 +14,6 @@ from trainyard.workloads.sizing import EFA_RESOURCE, PodResources, quantity_byte
 JOB_LABEL = "trainyard.io/job"
 TENANT_LABEL = "trainyard.io/tenant"
 ZONE_KEY = "topology.kubernetes.io/zone"
-DATASET_DIR = "/data"
 # After the trainer's own grace: torchrun tears down its workers and the kubelet stops the container.
 GRACE_MARGIN_SECONDS = 30
 # Karpenter never consolidates or drifts a node away from under a running job (spot reclaims still happen).
@@ -95,7 +94,11 @@ def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
 
 
 def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
-    env = {"TRAINYARD_METRICS_PORT": str(launch.METRICS_PORT)}
+    env = {
+        "TRAINYARD_METRICS_PORT": str(launch.METRICS_PORT),
+        # A fresh rendezvous store per round: restarted workers must not dial their predecessors' addresses.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
     capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
     if EFA_RESOURCE in shape.resources.accelerators:
         env |= EFA_ENV
@@ -109,7 +112,7 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if args.dataset_claim is not None:
-        mounts.append({"name": "dataset", "mountPath": DATASET_DIR, "readOnly": True})
+        mounts.append({"name": "dataset", "mountPath": launch.DATASET_DIR, "readOnly": True})
     return {
         "name": "trainer",
         "image": args.job.image,
