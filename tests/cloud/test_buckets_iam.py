@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from aws_plan import AWS_STACKS, of_type, plan, policy_documents
+from trainyard.plan.placeholders import ACCOUNT
 from trainyard.plan.runtime import read_stack, render
 
 
@@ -23,8 +24,9 @@ def test_every_bucket_and_key_protected_and_retained(stack: str) -> None:
 def test_bucket_configuration(stack: str) -> None:
     rec = plan(stack)
     buckets = {b.name: b.inputs for b in of_type(rec, "aws:s3/bucket:Bucket")}
-    assert {b["bucket"] for b in buckets.values()} == {f"trainyard-{stack}-datasets",
-                                                       f"trainyard-{stack}-checkpoints"}
+    # S3 names are global: the account id keeps two accounts' stacks from colliding.
+    assert {b["bucket"] for b in buckets.values()} == {f"trainyard-{stack}-datasets-{ACCOUNT}",
+                                                       f"trainyard-{stack}-checkpoints-{ACCOUNT}"}
     for kind in ("datasets", "checkpoints"):
         bucket_id = f"{kind}-bucket-id"
 

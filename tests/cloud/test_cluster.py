@@ -10,6 +10,7 @@ from aws_plan import by_urn, cloud_and_karpenter, of_type, one, plan
 from trainyard.cloud.cluster import kubeconfig
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.releases import KUBERNETES_RELEASES
+from trainyard.plan.placeholders import ACCOUNT
 from trainyard.plan.runtime import StackFile, read_stack, render
 
 RELEASE = KUBERNETES_RELEASES["1.34"]
@@ -79,7 +80,7 @@ def test_full_program_exports_kubeconfig_as_secret() -> None:
     rec = render(read_stack("staging"))
     assert rec.outputs["kubeconfig"] == "[secret]"
     assert rec.outputs["clusterName"] == "trainyard-staging"
-    assert rec.outputs["checkpointBucket"] == "trainyard-staging-checkpoints"
+    assert rec.outputs["checkpointBucket"] == f"trainyard-staging-checkpoints-{ACCOUNT}"
 
 
 def test_pod_identity_agent_before_cni_and_others_left_for_the_platform() -> None:

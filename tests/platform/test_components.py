@@ -81,8 +81,9 @@ def test_dev_has_no_efa_plugin_without_efa_pools() -> None:
 def test_local_renders_volcano_monitoring_and_tenants_only() -> None:
     assert set(_releases("local")) == {"volcano", "kube-prometheus-stack", "prometheus-adapter"}
     assert _objects("local", "CiliumNetworkPolicy") == []
-    assert [o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")] == ["research"]
-    assert [o["metadata"]["name"] for o in _objects("local", "Namespace")] == ["monitoring", "research"]
+    # Registration order is the asyncio scheduler's; compare as sorted lists.
+    assert sorted(o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")) == ["research"]
+    assert sorted(o["metadata"]["name"] for o in _objects("local", "Namespace")) == ["monitoring", "research"]
 
 
 def test_releases_use_catalogue_pins() -> None:

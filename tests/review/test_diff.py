@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.diff import StackRender, changed_paths, diff_stack, format_diff, render_tree
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.runtime import read_stack, settings_of
+from trainyard.plan.runtime import read_stack, render, settings_of
 
 
 def prod() -> StackRender:
@@ -85,3 +86,34 @@ def test_render_tree_matches_in_process_render() -> None:
         return [r.as_json() for r in sorted(resources, key=lambda r: r.urn)]
 
     assert as_json(render.resources) == as_json(rendered("local").resources)
+
+
+def _render_edited(edit: Any) -> StackRender:
+    """prod rendered with its nodePools edited in the stack file, as a reviewer's change would."""
+    stack = read_stack("prod")
+    pools = json.loads(stack.values["trainyard:nodePools"])
+    edit({p["name"]: p for p in pools})
+    edited = dataclasses.replace(stack, values={**stack.values, "trainyard:nodePools": json.dumps(pools)})
+    capacity = pool_capacity(settings_of(edited), load_mig_catalog())
+    return StackRender(resources=tuple(render(edited).resources), pools=tuple(capacity))
+
+
+def test_stack_edit_of_pool_size_and_mig_layout_shows_resources_gpus_slices_and_cost() -> None:
+    def edit(pools: dict[str, dict[str, Any]]) -> None:
+        pools["h100"]["desiredSize"] += 2  # 2 more p5 nodes: 16 GPUs
+        pools["h100"]["maxSize"] += 2  # raises the NodePool's GPU limit
+        pools["h100-mig"]["migLayout"] = "balanced"  # 3 slices per GPU become 4
+
+    diff = diff_stack("prod", prod(), _render_edited(edit))
+    node_pools = {urn.rsplit("::", 1)[-1]: paths for urn, paths in diff.changed.items()
+                  if "karpenter.sh/v1:NodePool" in urn}
+    assert "spec.limits.nvidia.com/gpu" in node_pools["karpenter-h100-nodepool"]
+    assert "spec.template.metadata.labels.nvidia.com/mig.config" in node_pools["karpenter-h100-mig-nodepool"]
+    deltas = {d.name: d for d in diff.pools}
+    p5 = next(p for p in prod().pools if p.name == "h100")
+    assert (deltas["h100"].nodes, deltas["h100"].gpus, deltas["h100"].slices) == (2, 16, 0)
+    assert deltas["h100"].hourly_usd == pytest.approx(2 * p5.hourly_usd_per_node)
+    assert (deltas["h100-mig"].nodes, deltas["h100-mig"].gpus, deltas["h100-mig"].slices) == (0, 0, 8 * (4 - 3))
+    assert diff.hourly_usd == pytest.approx(2 * p5.hourly_usd_per_node)
+    text = format_diff([diff], "markdown", "HEAD")
+    assert "| h100 | +2 | +16 |" in text and "karpenter-h100-mig-nodepool" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pulumi
+import pulumi_aws as aws
 
 from trainyard import names
 from trainyard.cloud.addons import EksAddons, before_cni_addons
@@ -60,7 +61,7 @@ def build_aws(settings: Settings) -> ClusterContext:
         name_prefix=name, cluster_name=name, vpc_cidr=settings.network.vpc_cidr, zones=zones,
         nat_per_zone=settings.network.nat_gateways == "perAz", region=region, tags=tags))
     buckets = Buckets("buckets", BucketsArgs(
-        name_prefix=name, protect=settings.buckets.protect,
+        name_prefix=name, account_id=aws.get_caller_identity_output().account_id, protect=settings.buckets.protect,
         force_destroy=settings.buckets.force_destroy,
         checkpoint_noncurrent_days=settings.buckets.checkpoint_noncurrent_days, tags=tags))
     eks = EksCluster("eks", EksClusterArgs(

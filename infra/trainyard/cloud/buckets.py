@@ -24,7 +24,9 @@ def tls_only_policy(bucket_arn: pulumi.Input[str]) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class BucketArgs:
-    bucket_name: str
+    # `trainyard-<stack>-<kind>`: the KMS alias; the bucket adds the account id, as S3 names are global.
+    name: str
+    account_id: pulumi.Input[str]
     protect: bool
     force_destroy: bool
     # Days a replaced or deleted object version is kept; None keeps them until deleted by hand.
@@ -45,11 +47,12 @@ class EncryptedBucket(pulumi.ComponentResource):
     def __init__(self, name: str, args: BucketArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainyard:cloud:EncryptedBucket", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.kms = KmsKey(f"{name}-kms", KmsKeyArgs(description=f"SSE-KMS for s3://{args.bucket_name}",
-                                                    alias=args.bucket_name, protect=args.protect, tags=args.tags),
+        self.kms = KmsKey(f"{name}-kms", KmsKeyArgs(description=f"SSE-KMS for the {args.name} bucket",
+                                                    alias=args.name, protect=args.protect, tags=args.tags),
                           opts=child)
         self.bucket = aws.s3.Bucket(
-            f"{name}-bucket", bucket=args.bucket_name, force_destroy=args.force_destroy, tags=args.tags,
+            f"{name}-bucket", bucket=pulumi.Output.concat(args.name, "-", args.account_id),
+            force_destroy=args.force_destroy, tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=True))
         bucket_id = self.bucket.id
         aws.s3.BucketOwnershipControls(
@@ -95,6 +98,7 @@ class EncryptedBucket(pulumi.ComponentResource):
 @dataclass(frozen=True)
 class BucketsArgs:
     name_prefix: str
+    account_id: pulumi.Input[str]
     protect: bool
     force_destroy: bool
     checkpoint_noncurrent_days: int
@@ -111,7 +115,8 @@ class Buckets(pulumi.ComponentResource):
         super().__init__("trainyard:cloud:Buckets", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         def bucket(kind: str, noncurrent_days: int | None) -> EncryptedBucket:
-            return EncryptedBucket(kind, BucketArgs(f"{args.name_prefix}-{kind}", protect=args.protect,
+            return EncryptedBucket(kind, BucketArgs(f"{args.name_prefix}-{kind}", args.account_id,
+                                                    protect=args.protect,
                                                     force_destroy=args.force_destroy,
                                                     noncurrent_days=noncurrent_days, tags=args.tags), opts=child)
 
