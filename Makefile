@@ -34,7 +34,7 @@ test: $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check infra workloads tests bench policy
-	$(BIN)/mypy infra/trainyard workloads/trainyard_train policy/trainyard_policy
+	$(BIN)/mypy infra/trainyard workloads/trainyard_train policy/trainyard_policy bench
 
 bench: $(VENV)/.dev-installed
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
