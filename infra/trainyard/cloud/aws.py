@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pulumi_aws as aws
 
@@ -130,18 +132,18 @@ def build_aws(settings: Settings) -> ClusterContext:
             nvme_devices=min(t.nvme_devices for t in types), root_volume_gib=pool.root_volume_gib)
         if pool.role == "gpu":
             placement = karpenter.placement_groups.get(pool.name)
-            facts = PoolFacts(**{**facts.__dict__, "instance_types": tuple(pool.instance_types),
-                                 "capacity_types": tuple(pool.capacity_types), "max_nodes": pool.max_size,
-                                 "user_data": gpu_user_data,
-                                 "placement_group": placement.name if placement is not None else None})
+            facts = dataclasses.replace(
+                facts, instance_types=tuple(pool.instance_types), capacity_types=tuple(pool.capacity_types),
+                max_nodes=pool.max_size, user_data=gpu_user_data,
+                placement_group=placement.name if placement is not None else None)
         pools.append(facts)
 
     ready: tuple[pulumi.Resource, ...] = (
         *eks.access, system.node_group, karpenter.node_access, *early_addons.addons.values(),
         *(a for i in identities for a in i.associations),
     )
-    # Plain strings where the physical name is known up front: Helm values can't hold Outputs (deep_merge copies
-    # them), and ordering comes from `ready` (access entries and pod identity associations depend on these).
+    # Plain strings where the physical name is known up front, so the plan shows real names in Helm values;
+    # ordering comes from `ready` (access entries and pod identity associations depend on these).
     return ClusterContext(
         name=name,
         provider=eks.provider,
