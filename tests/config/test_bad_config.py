@@ -153,6 +153,8 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("dataset-without-alluxio", _set("addons.alluxio.enabled", False), "trainyard:workloads[0].dataset",
      "Alluxio"),
     ("bad-dataset-path", _set("workloads[0].dataset", "../etc"), "trainyard:workloads[0].dataset", "no '..'"),
+    ("multi-node-without-cephfs", _set("addons.rookCeph.enabled", False), "trainyard:workloads[0].maxNodes",
+     "ReadWriteMany"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
 ]

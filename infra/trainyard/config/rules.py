@@ -219,6 +219,9 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
             yield Problem(f"{at}.minNodes", f"{job.min_nodes} is greater than maxNodes {job.max_nodes}")
         if job.kind in ("smoke", "mig") and job.max_nodes != 1:
             yield Problem(f"{at}.maxNodes", f"a {job.kind!r} job runs on one node: must be 1")
+        if job.max_nodes > 1 and not (s.is_aws and s.addons.rook_ceph.enabled):
+            yield Problem(f"{at}.maxNodes", "a job over more than one node shares its checkpoints on a ReadWriteMany "
+                                            "volume (CephFS): needs addons.rookCeph on an AWS stack, or maxNodes 1")
         if job.autoscaling.enabled and job.kind != "elastic":
             yield Problem(f"{at}.autoscaling.enabled", f"only 'elastic' jobs grow between minNodes and maxNodes, "
                                                        f"this is a {job.kind!r} job")
