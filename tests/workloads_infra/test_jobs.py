@@ -175,8 +175,11 @@ def test_grace_periods_are_ordered(prod: Recording) -> None:
         pod = _pod(_job(prod, name))
         trainer_grace = int(next(a for a in _container(_job(prod, name))["args"]
                                  if a.startswith("shutdown.grace_period_s=")).split("=")[1])
+        torchrun_grace = int(next(a for a in _container(_job(prod, name))["args"]
+                                  if a.startswith("--shutdown-timeout=")).split("=")[1])
         assert trainer_grace == 100  # checkpointGraceSeconds default
-        assert pod["spec"]["terminationGracePeriodSeconds"] > trainer_grace
+        # trainer checkpoints < torchrun waits for it < kubelet's SIGKILL
+        assert trainer_grace < torchrun_grace < pod["spec"]["terminationGracePeriodSeconds"]
         assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
         assert pod["spec"]["serviceAccountName"] == "trainer"
 

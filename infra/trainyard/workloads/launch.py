@@ -24,6 +24,13 @@ TORCHRUN_MAX_RESTARTS = 10
 # Seconds the first agents wait for --nnodes MIN to join: pulling a large image onto fresh nodes is slow.
 RDZV_JOIN_TIMEOUT = 1800
 SMOKE_STEPS = 20
+# torchrun forwards SIGTERM to its workers and SIGKILLs them after --shutdown-timeout (30 s by default): it must
+# outwait the trainer's checkpoint grace, and the kubelet (terminationGracePeriodSeconds) must outwait torchrun.
+SHUTDOWN_MARGIN_SECONDS = 10
+
+
+def shutdown_timeout(job: Job) -> int:
+    return job.checkpoint_grace_seconds + SHUTDOWN_MARGIN_SECONDS
 
 # $VC_TASK_INDEX comes from Volcano's env plugin; "$@" are the container args (the torchrun flags below).
 ELASTIC_WRAPPER = (
@@ -66,6 +73,7 @@ def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[s
         # Constant for the job's life, so a recreated pod joins the same rendezvous.
         f"--rdzv-id={namespace}-{job.name}",
         f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
+        f"--shutdown-timeout={shutdown_timeout(job)}",
         *trainer_module_args(job),
     ]
     return ["sh", "-c", ELASTIC_WRAPPER, "torchrun"], args
@@ -75,6 +83,7 @@ def single_node(job: Job, processes: int, max_restarts: int, *overrides: str) ->
     """(command, args) of a one-pod job: torchrun's standalone rendezvous on localhost."""
     args = [
         "--standalone", "--nnodes=1", f"--nproc-per-node={processes}", f"--max-restarts={max_restarts}",
+        f"--shutdown-timeout={shutdown_timeout(job)}",
         *trainer_module_args(job, *overrides),
     ]
     return ["torchrun"], args
