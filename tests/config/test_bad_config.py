@@ -115,7 +115,7 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "trainyard:nodePools", "exactly one pool with role 'system'"),
     ("cilium-off-on-aws", _set("addons.cilium.enabled", False), "trainyard:addons.cilium.enabled", "only CNI"),
     ("ceph-replicas-vs-nodes", _set("addons.rookCeph.replicas", 4), "trainyard:addons.rookCeph.replicas", "minSize"),
-    ("prod-unprotected-buckets", _set("buckets.protect", False), "trainyard:buckets.protect", "always protected"),
+    ("prod-unprotected", _set("protect", False), "trainyard:protect", "always protected"),
     ("prod-force-destroy", _set("buckets.forceDestroy", True), "trainyard:buckets.forceDestroy", "never"),
     ("zero-queue-weight", _set("tenants[0].weight", 0), "trainyard:tenants[0].weight", "greater than 0"),
     ("negative-queue-weight", _set("tenants[1].weight", -2), "trainyard:tenants[1].weight", "greater than 0"),

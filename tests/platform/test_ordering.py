@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from functools import cache
 
@@ -135,3 +136,36 @@ def test_node_capacity_objects_are_really_deleted_by_their_controller(stack: str
     karpenter = releases_by_chart(recording)["karpenter"]
     assert [r.urn for r in capacity if r.deleted_with is not None] == []
     assert [r.urn for r in capacity if karpenter not in upstream(recording, r.urn)] == []
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_destroy_order_is_workloads_addons_nodes_cluster(stack: str) -> None:
+    """Destroy walks dependencies backwards, so each later stage must wait, at creation, for the earlier one."""
+    recording = _recording(stack)
+    of_type = {t: [r.urn for r in recording.resources if r.type == t] for t in (
+        "aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup", HELM_RELEASE,
+        "kubernetes:batch.volcano.sh/v1alpha1:Job", *NODE_CAPACITY_KINDS)}
+    [cluster] = of_type["aws:eks/cluster:Cluster"]
+    releases = releases_by_chart(recording)
+    system_nodes = [urn for urn in of_type["aws:eks/nodeGroup:NodeGroup"] if "system" in urn.rsplit("::", 1)[-1]]
+    assert len(system_nodes) == 1 and of_type["kubernetes:batch.volcano.sh/v1alpha1:Job"]
+    for job in of_type["kubernetes:batch.volcano.sh/v1alpha1:Job"]:
+        assert releases["volcano"] in upstream(recording, job), f"{job} outlives Volcano on destroy"
+    for release in of_type[HELM_RELEASE]:
+        assert system_nodes[0] in upstream(recording, release), f"{release} outlives the system nodes on destroy"
+    for capacity in (urn for kind in NODE_CAPACITY_KINDS for urn in of_type[kind]):
+        assert releases["karpenter"] in upstream(recording, capacity), f"{capacity} outlives Karpenter on destroy"
+    for group in of_type["aws:eks/nodeGroup:NodeGroup"]:
+        assert cluster in upstream(recording, group), f"{group} outlives the cluster on destroy"
+
+
+def test_unprotected_stack_destroys_without_manual_steps() -> None:
+    """`protect: false` (non-prod only) leaves nothing protected, so `pulumi destroy` needs no state surgery."""
+    stack = read_stack("staging")
+    recording = render(dataclasses.replace(stack, values={**stack.values, "trainyard:protect": "false"}))
+    assert [r.urn for r in recording.resources if r.protect] == []
+    protected_by_default = {r.urn for r in _recording("staging").resources if r.protect}
+    assert protected_by_default, "staging protects its stateful resources by default"
+    # Data stays in the account even then: buckets and keys are retained when Pulumi deletes them.
+    retained = {r.type for r in recording.resources if r.retain_on_delete}
+    assert {"aws:s3/bucket:Bucket", "aws:kms/key:Key"} <= retained

@@ -63,7 +63,7 @@ def build_aws(settings: Settings) -> ClusterContext:
         name_prefix=name, cluster_name=name, vpc_cidr=settings.network.vpc_cidr, zones=zones,
         nat_per_zone=settings.network.nat_gateways == "perAz", region=region, tags=tags))
     buckets = Buckets("buckets", BucketsArgs(
-        name_prefix=name, account_id=aws.get_caller_identity_output().account_id, protect=settings.buckets.protect,
+        name_prefix=name, account_id=aws.get_caller_identity_output().account_id, protect=settings.protect,
         force_destroy=settings.buckets.force_destroy,
         checkpoint_noncurrent_days=settings.buckets.checkpoint_noncurrent_days, tags=tags))
     eks = EksCluster("eks", EksClusterArgs(
@@ -71,7 +71,7 @@ def build_aws(settings: Settings) -> ClusterContext:
         vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids, service_cidr=settings.network.service_cidr,
         public_access_cidrs=tuple(settings.network.public_access_cidrs),
         log_types=tuple(settings.cluster.log_types), admin_principal_arns=tuple(settings.aws.admin_principal_arns),
-        tags=tags))
+        protect=settings.protect, tags=tags))
     cluster = eks.cluster
 
     node_role = ServiceRole("managed-nodes", ServiceRoleArgs(physical(settings, "managed-node"),

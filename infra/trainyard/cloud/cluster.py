@@ -43,6 +43,8 @@ class EksClusterArgs:
     public_access_cidrs: tuple[str, ...]
     log_types: tuple[str, ...]
     admin_principal_arns: tuple[str, ...]
+    # The secrets key: losing it loses every Kubernetes Secret of the cluster.
+    protect: bool = True
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -63,8 +65,8 @@ class EksCluster(pulumi.ComponentResource):
         role = ServiceRole(f"{name}-role", ServiceRoleArgs(f"{args.cluster_name}-cluster", "eks.amazonaws.com",
                                                            CLUSTER_MANAGED_POLICIES, tags), opts=child)
         secrets_key = KmsKey(f"{name}-secrets", KmsKeyArgs(description=f"EKS secrets for {args.cluster_name}",
-                                                           alias=f"{args.cluster_name}-eks-secrets", protect=True,
-                                                           tags=tags), opts=child)
+                                                           alias=f"{args.cluster_name}-eks-secrets",
+                                                           protect=args.protect, tags=tags), opts=child)
         # Created first with a retention, or EKS creates it on its own with logs kept forever.
         log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/aws/eks/{args.cluster_name}/cluster",
                                             retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS, tags=tags,

@@ -198,8 +198,6 @@ class AddonSettings(Model):
 
 
 class BucketSettings(Model):
-    # Buckets are stateful: protected and retained on delete. Only non-prod stacks may turn protection off.
-    protect: bool = True
     checkpoint_noncurrent_days: Annotated[int, Field(ge=1, le=3650)] = 14
     force_destroy: bool = False
 
@@ -237,7 +235,8 @@ class Autoscaling(Model):
 
 
 class Job(Model):
-    name: DnsLabel
+    # Pod hostnames are `<name>-worker-<i>`, DNS labels of at most 63 characters: room for 3 digits.
+    name: Annotated[DnsLabel, Field(max_length=52)]
     kind: JobKind
     tenant: DnsLabel
     node_pool: DnsLabel | None = None
@@ -279,6 +278,9 @@ class Settings(Model):
     tenants: list[Tenant] = Field(default_factory=list)
     workloads: list[Job] = Field(default_factory=list)
     cost: CostSettings = CostSettings()
+    # Stateful resources (buckets, KMS keys, the Ceph cluster, checkpoint volumes) are protected, and buckets and
+    # keys also retained on delete. Only a non-prod stack may turn this off, to be destroyed with `pulumi destroy`.
+    protect: bool = True
 
     def pools(self, role: PoolRole) -> list[NodePool]:
         return [p for p in self.node_pools if p.role == role]

@@ -181,8 +181,8 @@ def _addons(s: Settings) -> Iterator[Problem]:
 
 
 def _buckets(s: Settings) -> Iterator[Problem]:
-    if s.environment == "prod" and not s.buckets.protect:
-        yield Problem("buckets.protect", "prod buckets are always protected: must be true")
+    if s.environment == "prod" and not s.protect:
+        yield Problem("protect", "prod's stateful resources are always protected: must be true")
     if s.environment == "prod" and s.buckets.force_destroy:
         yield Problem("buckets.forceDestroy", "prod buckets may never be force-destroyed: must be false")
 

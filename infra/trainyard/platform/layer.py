@@ -103,7 +103,8 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
             operator_chart=_chart(catalogue, "rook-ceph"), cluster_chart=cluster_chart, cluster=cluster,
             settings=addons.rook_ceph, system_nodes=sum(pool.min_size for pool in settings.pools("system")),
             csi_drivers_chart=_chart(catalogue, "ceph-csi-drivers") if "ceph-csi-drivers" in catalogue.pins else None,
-            monitoring=monitoring.release if monitoring else None, snapshot_crds=snapshot_crds, depends_on=cni))
+            monitoring=monitoring.release if monitoring else None, snapshot_crds=snapshot_crds, depends_on=cni,
+            protect=settings.protect))
         checkpoint_class = filesystem_storage_class(cluster_chart)
         releases += [rook.operator, rook.storage.release, *([rook.csi_drivers] if rook.csi_drivers else [])]
 

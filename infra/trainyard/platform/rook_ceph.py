@@ -33,6 +33,8 @@ class RookCephArgs:
     # snapshot.storage.k8s.io CRDs (EKS snapshot-controller add-on) for the VolumeSnapshotClasses.
     snapshot_crds: Sequence[pulumi.Resource] = ()
     depends_on: Sequence[pulumi.Resource] = ()
+    # The Ceph cluster holds checkpoints: protected unless the stack turns protection off to be destroyed.
+    protect: bool = True
 
 
 def snapshot_interval(cron: str) -> str:
@@ -102,7 +104,7 @@ class CephStorage(pulumi.ComponentResource):
     def __init__(self, name: str, args: RookCephArgs, depends_on: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions) -> None:
         super().__init__("trainyard:platform:CephStorage", name, None,
-                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(protect=True)))
+                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(protect=args.protect)))
         # Children inherit protect from this component.
         self.release = helm_release(f"{name}-release", args.cluster_chart, args.cluster, self,
                                     values=cluster_values(args), depends_on=depends_on)

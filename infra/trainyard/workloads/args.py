@@ -27,6 +27,8 @@ class TrainingJobArgs:
     volcano: pulumi.Resource | None = None
     # The kube-prometheus-stack release; a PodMonitor is only created when it is set.
     monitoring: pulumi.Resource | None = None
+    # The checkpoint volume holds the run: protected unless the stack turns protection off to be destroyed.
+    protect: bool = True
 
     @property
     def namespace(self) -> str:

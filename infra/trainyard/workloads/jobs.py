@@ -43,7 +43,7 @@ class _TrainingJob(pulumi.ComponentResource):
             spec=self._claim_spec(args),
             # The checkpoints are the run: neither a replacement nor `pulumi destroy` may delete them.
             opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, ready),
-                                              pulumi.ResourceOptions(protect=True, retain_on_delete=True)),
+                                              pulumi.ResourceOptions(protect=args.protect, retain_on_delete=True)),
         )
         metadata, spec = self.manifest(args, pod_template(args, self.shape(args)))
         crds = [args.volcano] if args.volcano is not None else []

@@ -8,22 +8,15 @@ from trainyard.paths import TRAINER_CONFIGS_DIR
 from trainyard.platform.context import PlatformContext
 from trainyard.workloads.args import TrainingJobArgs
 from trainyard.workloads.jobs import COMPONENTS
-from trainyard.workloads.launch import WORKER_TASK
-
-# Pod hostnames are `<job>-worker-<i>`, a DNS label: at most 63 characters, leaving room for up to 3 digits.
-MAX_JOB_NAME = 63 - len(f"-{WORKER_TASK}-999")
 
 
 def build(settings: Settings, platform: PlatformContext) -> None:
     for job in settings.workloads:
-        COMPONENTS[job.kind](job.name, job_args(job, platform))
+        COMPONENTS[job.kind](job.name, job_args(job, platform, protect=settings.protect))
 
 
-def job_args(job: Job, platform: PlatformContext) -> TrainingJobArgs:
+def job_args(job: Job, platform: PlatformContext, *, protect: bool) -> TrainingJobArgs:
     """Join a job's settings with the platform facts it runs on; fails naming what the platform lacks."""
-    if len(job.name) > MAX_JOB_NAME:
-        raise ValueError(f"job name {job.name!r} is longer than {MAX_JOB_NAME} characters: its pods' hostnames "
-                         "would not be DNS labels")
     tenant = platform.tenants.get(job.tenant)
     if tenant is None:
         raise ValueError(f"job {job.name!r}: the platform has no tenant {job.tenant!r} "
@@ -42,4 +35,5 @@ def job_args(job: Job, platform: PlatformContext) -> TrainingJobArgs:
         dataset_claim=platform.dataset_claim,
         volcano=platform.volcano,
         monitoring=platform.monitoring,
+        protect=protect,
     )
