@@ -217,3 +217,24 @@ def test_cli_reports_without_traceback(tmp_path: Path, prod: Raw) -> None:
     assert "trainyard:nodePools[0].desiredSize" in result.stderr
     assert "trainyard:nodePool:" in result.stderr
     assert "nothing was created" in result.stderr
+
+
+def test_a_malformed_value_does_not_hide_the_other_problems(prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    for mutate in (_set("network.vpcCidr", "10.30.0.0/33"), _set("nodePool", []), _set("nodePools[1].minSize", 5),
+                   _set("tenants[0].weight", 0)):
+        mutate(raw)
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "prod", raw)
+    assert sorted(p.path for p in caught.value.problems) == [
+        "network.vpcCidr", "nodePool", "nodePools[1].minSize", "tenants[0].weight"]
+
+
+def test_a_malformed_value_without_default_stops_at_the_structure(prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    _set("aws.region", "mars-1")(raw)
+    _set("nodePools[1].minSize", 5)(raw)
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "prod", raw)
+    # The region has no default to check the rest against, so only the structural problem is certain.
+    assert [p.path for p in caught.value.problems] == ["aws.region"]

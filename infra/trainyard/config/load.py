@@ -14,6 +14,7 @@ import pulumi
 import pydantic
 from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from trainyard.config import rules
 from trainyard.config.mig import load_mig_catalog
@@ -52,20 +53,33 @@ def load_settings() -> tuple[Settings, Secrets]:
 def parse_settings(project: str, stack: str, raw: Mapping[str, Any]) -> Settings:
     """Validate a stack's `project:*` values (already without the prefix) into Settings."""
     data = {"project": project, "stack": stack, **{k: v for k, v in raw.items() if k not in SECRET_KEYS}}
-    problems: list[rules.Problem] = []
     try:
         settings = Settings.model_validate(data)
+        problems: list[rules.Problem] = []
     except pydantic.ValidationError as exc:
-        problems = [_problem(e) for e in exc.errors()]
-        # Unknown keys alone don't hide the rest: drop them and check what is left, rules included.
-        unknown = [tuple(e["loc"]) for e in exc.errors() if e["type"] == "extra_forbidden"]
-        if len(unknown) < len(problems):
+        errors = exc.errors()
+        problems = [_problem(e) for e in errors]
+        # Bad values don't hide the rest of the report: when each is an unknown key or a scalar with a default,
+        # check the stack again with the default in its place, rules included, and keep what concerns other keys.
+        if not all(_recoverable(tuple(e["loc"]), e["type"]) for e in errors):
             raise ConfigError(project, stack, problems) from None
-        settings = Settings.model_validate(_without(data, unknown))
-    problems += rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
+        settings = Settings.model_validate(_without(data, [tuple(e["loc"]) for e in errors]))
+        bad = {p.path for p in problems}
+    else:
+        bad = set()
+    problems += [p for p in rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
+                 if not any(p.path == b or p.path.startswith((f"{b}.", f"{b}[")) for b in bad)]
     if problems:
         raise ConfigError(project, stack, problems)
     return settings
+
+
+def _recoverable(loc: tuple[int | str, ...], error_type: str) -> bool:
+    if error_type == "extra_forbidden":
+        return True
+    annotation, field = _resolve(loc)
+    scalar = not (isinstance(annotation, type) and issubclass(annotation, BaseModel | list | dict))
+    return field is not None and not field.is_required() and scalar and typing.get_origin(annotation) is None
 
 
 def _without(data: dict[str, Any], locations: list[tuple[int | str, ...]]) -> dict[str, Any]:
@@ -104,7 +118,7 @@ def key_path(loc: tuple[int | str, ...]) -> str:
 def _problem(error: Any) -> rules.Problem:
     loc = tuple(error["loc"])
     if error["type"] == "extra_forbidden":
-        allowed = _keys_at(Settings, loc[:-1])
+        allowed = _keys_at(loc[:-1])
         return rules.Problem(key_path(loc), "unknown key (a typo?); allowed here: " + ", ".join(allowed))
     if error["type"] == "missing":
         return rules.Problem(key_path(loc), "is required")
@@ -114,22 +128,28 @@ def _problem(error: Any) -> rules.Problem:
     return rules.Problem(key_path(loc), message + shown)
 
 
-def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The camelCase keys a model accepts at `loc`, for 'did you mean' style errors."""
-    current: Any = model
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The camelCase keys the model accepts at `loc`, for 'did you mean' style errors."""
+    annotation, _ = _resolve(loc)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return sorted(f.alias or n for n, f in annotation.model_fields.items() if n not in ("project", "stack"))
+    return []
+
+
+def _resolve(loc: tuple[int | str, ...]) -> tuple[Any, FieldInfo | None]:
+    """The type at `loc` in Settings (Optional/Annotated stripped) and the field declaring it, if a field does."""
+    current: Any = Settings
+    field: FieldInfo | None = None
     for part in loc:
         current = _unwrap(current)
         if isinstance(part, str) and isinstance(current, type) and issubclass(current, BaseModel):
             field = next((f for f in current.model_fields.values() if f.alias == part), None)
             if field is None:
-                return []
+                return None, None
             current = field.annotation
         elif isinstance(part, int):
-            current = _item_type(current)
-    current = _unwrap(current)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(f.alias or n for n, f in current.model_fields.items() if n not in ("project", "stack"))
-    return []
+            current, field = _item_type(current), None
+    return _unwrap(current), field
 
 
 def _unwrap(tp: Any) -> Any:
