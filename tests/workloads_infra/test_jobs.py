@@ -275,3 +275,22 @@ def test_every_job_validates_against_the_volcano_crd(stack: str) -> None:
     for name, record in jobs.items():
         errors = volcano_schema_errors(record)
         assert not errors, f"{stack}/{name}: " + "; ".join(errors[:5])
+
+
+# Pod Security Standards: what "restricted" demands of a pod (tenant namespaces enforce "baseline", a subset).
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "local"])
+def test_training_pods_meet_pod_security_restricted(stack: str) -> None:
+    for name, record in volcano_jobs(rendered(stack)).items():
+        spec = _pod(record)["spec"]
+        pod_security = spec["securityContext"]
+        assert pod_security["runAsNonRoot"] and pod_security["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), name
+        assert all(set(v) - {"name"} <= RESTRICTED_VOLUMES for v in spec["volumes"]), name
+        for container in spec["containers"]:
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False and not security.get("privileged"), name
+            assert security["capabilities"] == {"drop": ["ALL"]}, name

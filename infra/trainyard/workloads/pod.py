@@ -99,11 +99,10 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         # A fresh rendezvous store per round: restarted workers must not dial their predecessors' addresses.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
     if EFA_RESOURCE in shape.resources.accelerators:
+        # EFA pins NCCL's buffers; no IPC_LOCK (tenant namespaces enforce Pod Security "baseline", which refuses
+        # it): the node bootstrap gives containerd, and so every container, an unlimited RLIMIT_MEMLOCK.
         env |= EFA_ENV
-        # EFA registers (pins) NCCL's buffers with the device; pinning past RLIMIT_MEMLOCK needs IPC_LOCK.
-        capabilities["add"] = ["IPC_LOCK"]
     mounts = [
         {"name": "trainer-config", "mountPath": launch.CONFIG_DIR, "readOnly": True},
         {"name": "checkpoints", "mountPath": launch.CHECKPOINT_DIR},
@@ -126,7 +125,7 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         "resources": shape.resources.as_k8s(),
         "volumeMounts": mounts,
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": capabilities},
+                            "capabilities": {"drop": ["ALL"]}},
     }
 
 
