@@ -21,6 +21,8 @@ EBS_CSI = ServiceAccountRef("kube-system", "ebs-csi-controller-sa")
 CILIUM_OPERATOR = ServiceAccountRef("kube-system", "cilium-operator")
 # The trainer's service account exists in every tenant namespace; the role it gets writes checkpoints.
 TRAINER_SERVICE_ACCOUNT = "trainer"
-# Alluxio workers read the dataset bucket; Fluid runs them in the dataset namespace.
+# Alluxio workers read the dataset bucket; Fluid runs them in the dataset namespace. The AlluxioRuntime has no
+# field for a service account, so its pods run as the namespace's `default` one: the namespace holds nothing
+# but the dataset runtime, so that account is what gets the read-only dataset role.
 DATASET_NAMESPACE = "trainyard-data"
-ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "alluxio")
+ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "default")

@@ -79,7 +79,7 @@ def test_pod_identity_associations_use_shared_names() -> None:
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
-                     ("kube-system", "cilium-operator"), ("trainyard-data", "alluxio"),
+                     ("kube-system", "cilium-operator"), ("trainyard-data", "default"),
                      ("foundation", "trainer"), ("research", "trainer"), ("eval", "trainer")}
     for role in of_type(rec, "aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]

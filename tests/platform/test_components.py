@@ -267,7 +267,10 @@ def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
     for spec in datasets.values():
         assert spec["mounts"] == [{"mountPoint": "dataset://trainyard-data/training-data", "readOnly": True}]
         assert spec["accessModes"] == ["ReadOnlyMany"]
-    assert _one(stack, "ServiceAccount", "alluxio")["metadata"]["namespace"] == "trainyard-data"
+    # The runtime's pods run as the dataset namespace's default account: the one the pod identity names.
+    associations = [r.inputs for r in _recording(stack).resources if r.name.startswith("alluxio")
+                    and r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"]
+    assert [(a["namespace"], a["serviceAccount"]) for a in associations] == [("trainyard-data", "default")]
 
 
 # -------------------------------------------------------------------------------------------- Monitoring

@@ -12,7 +12,7 @@ import pulumi_kubernetes as k8s
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.model import AlluxioSettings
-from trainyard.names import ALLUXIO, DATASET_NAMESPACE, ROLE_LABEL
+from trainyard.names import DATASET_NAMESPACE, ROLE_LABEL
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
 from trainyard.platform.scheduling import role_affinity, tolerations_for
@@ -51,7 +51,7 @@ def source_dataset(mount_point: pulumi.Input[str], args: AlluxioArgs) -> dict[st
         "metadata": {"name": DATASET_NAME, "namespace": DATASET_NAMESPACE, "labels": labels(DATASET_NAME, "data")},
         "spec": {
             # No access keys: Alluxio's S3 client falls back to the AWS default credential chain, which picks up
-            # the pod identity the cloud layer associates with the `alluxio` service account.
+            # the pod identity the cloud layer associates with the namespace's service account (names.ALLUXIO).
             "mounts": [{"name": "s3", "mountPoint": mount_point, "readOnly": True,
                         "options": {"alluxio.underfs.s3.region": args.region}}],
             "accessModes": ["ReadOnlyMany"],
@@ -103,13 +103,9 @@ class Alluxio(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace(
             f"{name}-namespace", metadata={"name": DATASET_NAMESPACE, "labels": labels("dataset", "data")},
             opts=k8s_options(cluster, self, args.depends_on))
-        account = k8s.core.v1.ServiceAccount(
-            f"{name}-account",
-            metadata={"name": ALLUXIO.name, "namespace": ALLUXIO.namespace, "labels": labels(ALLUXIO.name, "data")},
-            opts=k8s_options(cluster, self, [namespace]))
         mount_point = pulumi.Output.from_input(args.bucket).apply(
             lambda bucket: s3_mount_point(bucket, args.settings.dataset_prefix))
-        crds = [self.release, namespace, account]
+        crds = [self.release, namespace]
         runtime = custom_resource(f"{name}-runtime", alluxio_runtime(args), k8s_options(cluster, self, crds))
         source = custom_resource(f"{name}-dataset", source_dataset(mount_point, args),
                                  k8s_options(cluster, self, crds))
