@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pulumi
 
@@ -30,6 +30,3 @@ class PlatformContext:
     # Name of the read-only dataset PVC Fluid creates in each tenant namespace, when Alluxio is on.
     dataset_claim: str | None = None
     training_priority_class: str = "trainyard-training"
-    # The custom metric prometheus-adapter serves for GPU utilization per pod, when monitoring is on.
-    gpu_utilization_metric: str | None = None
-    ready: tuple[pulumi.Resource, ...] = field(default_factory=tuple)

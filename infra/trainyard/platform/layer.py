@@ -39,7 +39,6 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
     catalogue = load_catalogue(REPO_ROOT)
     addons = settings.addons
     gpu_pools = cluster.pools_with("gpu")
-    releases: list[pulumi.Resource] = []
 
     cni: list[pulumi.Resource] = []
     cilium = None
@@ -48,7 +47,6 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
                                              native_routing_cidr=settings.network.vpc_cidr,
                                              hubble_ui=addons.cilium.hubble_ui))
         cni = [cilium.release]
-        releases.append(cilium.release)
 
     snapshot_crds: list[pulumi.Resource] = []
     if settings.is_aws:
@@ -71,42 +69,37 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
             adapter_rules=_yaml(ADAPTER_RULES)["rules"],
             storage_class=block_storage_class(_chart(catalogue, "rook-ceph-cluster")) if rook_on else None,
             scrape_cilium=cilium is not None, depends_on=cni))
-        releases += [monitoring.release, monitoring.adapter]
 
     if cluster.karpenter is not None:
         # Its chart ships a ServiceMonitor: after kube-prometheus-stack as well as the CNI.
-        karpenter = Karpenter("karpenter", KarpenterArgs(
+        Karpenter("karpenter", KarpenterArgs(
             cluster=cluster, chart=_chart(catalogue, "karpenter"),
             after=(*cni, *([monitoring.release] if monitoring else []))))
-        releases.append(karpenter.release)
 
     volcano = None
     if addons.volcano.enabled:
         volcano = Volcano("volcano", VolcanoArgs(chart=_chart(catalogue, "volcano"), cluster=cluster, depends_on=cni))
-        releases.append(volcano.release)
 
     if addons.gpu_operator.enabled and gpu_pools:
         efa = any(pool.efa_interfaces > 0 for pool in gpu_pools)
-        gpu = GpuOperator("gpu-operator", GpuOperatorArgs(
+        GpuOperator("gpu-operator", GpuOperatorArgs(
             chart=_chart(catalogue, "gpu-operator"), cluster=cluster, gpu_pools=gpu_pools,
             mig_layouts=(GPU_OPERATOR_DIR / "mig-layouts.yaml").read_text(encoding="utf-8"),
             dcgm_metrics=(GPU_OPERATOR_DIR / "dcgm-metrics.csv").read_text(encoding="utf-8"),
             time_slicing=addons.gpu_operator.time_slicing,
             efa_chart=_chart(catalogue, "aws-efa-k8s-device-plugin") if efa else None,
             monitoring=monitoring.release if monitoring else None, depends_on=cni))
-        releases += [gpu.release, *([gpu.efa] if gpu.efa else [])]
 
     checkpoint_class = None
     if addons.rook_ceph.enabled and settings.is_aws:
         cluster_chart = _chart(catalogue, "rook-ceph-cluster")
-        rook = RookCeph("rook-ceph", RookCephArgs(
+        RookCeph("rook-ceph", RookCephArgs(
             operator_chart=_chart(catalogue, "rook-ceph"), cluster_chart=cluster_chart, cluster=cluster,
             settings=addons.rook_ceph, system_nodes=sum(pool.min_size for pool in settings.pools("system")),
             csi_drivers_chart=_chart(catalogue, "ceph-csi-drivers") if "ceph-csi-drivers" in catalogue.pins else None,
             monitoring=monitoring.release if monitoring else None, snapshot_crds=snapshot_crds, depends_on=cni,
             protect=settings.protect))
         checkpoint_class = filesystem_storage_class(cluster_chart)
-        releases += [rook.operator, rook.storage.release, *([rook.csi_drivers] if rook.csi_drivers else [])]
 
     tenants = Tenants("tenants", TenantsArgs(
         cluster=cluster, tenants=tuple(settings.tenants),
@@ -123,15 +116,12 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> Plat
             tenant_namespaces={facts.namespace: facts.ready for facts in tenants.facts.values()},
             depends_on=cni))
         dataset_claim = alluxio.claim
-        releases.append(alluxio.release)
 
     return PlatformContext(
         cluster=cluster, tenants=tenants.facts,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
         checkpoint_storage_class=checkpoint_class, dataset_claim=dataset_claim,
-        training_priority_class=TRAINING_PRIORITY_CLASS,
-        gpu_utilization_metric=monitoring.gpu_utilization_metric if monitoring else None,
-        ready=tuple(releases))
+        training_priority_class=TRAINING_PRIORITY_CLASS)
 
 
 def _chart(catalogue: Catalogue, release: str) -> HelmChart:

@@ -139,7 +139,8 @@ class Monitoring(pulumi.ComponentResource):
         self.gpu_utilization_metric = gpu_utilization_metric(args.adapter_rules)
         self.adapter = helm_release(f"{name}-adapter", args.adapter_chart, cluster, self,
                                     values={"rules": dict(args.adapter_rules)}, depends_on=[self.release])
-        self.register_outputs({"release": self.release.id, "adapter": self.adapter.id})
+        self.register_outputs({"release": self.release.id, "adapter": self.adapter.id,
+                               "gpuUtilizationMetric": self.gpu_utilization_metric})
 
     def _password(self, name: str, args: MonitoringArgs) -> pulumi.Input[str]:
         if args.grafana_admin_password is not None:
