@@ -53,7 +53,8 @@ def test_admin_access_entries_and_cluster_admin_policy() -> None:
         assert a.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
         assert a.inputs["accessScope"] == {"type": "cluster"}
     provider = one(rec, "pulumi:providers:kubernetes")
-    assert provider.inputs["deleteUnreachable"] == "true"
+    # Opt-in only for a documented teardown (PULUMI_K8S_DELETE_UNREACHABLE), never in the program.
+    assert "deleteUnreachable" not in provider.inputs
     assert {a.urn for a in associations} <= set(provider.depends_on)
 
 

@@ -133,7 +133,7 @@ class EksCluster(pulumi.ComponentResource):
         ).apply(lambda a: kubeconfig(a[0], a[1], a[2], args.region)))
         self.provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.kubeconfig,
-            # A cluster deleted outside Pulumi must not wedge `pulumi destroy` on unreachable objects.
-            delete_unreachable=True,
+            # No delete_unreachable: it would drop in-cluster objects from state on a brief outage
+            # (pulumi/pulumi-kubernetes PRs 1522, 2489). Teardown of a lost cluster: README, "Tearing down".
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.access))
         self.register_outputs({"name": self.cluster.name, "endpoint": self.cluster.endpoint})
