@@ -308,7 +308,7 @@ def test_grafana_password_never_in_clear(password: str | None) -> None:
     (secret,) = [manifest_of(r) for r in recording.resources if r.type == "kubernetes:core/v1:Secret"]
     assert admin == {"existingSecret": secret["metadata"]["name"], "userKey": "admin-user",
                      "passwordKey": "admin-password"}
-    assert secret["stringData"] == SECRET
+    assert secret["stringData"] == {"admin-user": SECRET, "admin-password": SECRET}
     assert "adminPassword" not in json.dumps(values)
     if password is not None:
         assert password not in json.dumps([r.as_json() for r in recording.resources])

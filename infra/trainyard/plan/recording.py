@@ -90,16 +90,26 @@ def plain(struct: struct_pb2.Struct) -> dict[str, Any]:
     return value
 
 
+def _masked(value: Any) -> Any:
+    """A secret with its shape kept and every leaf masked: a Secret's `stringData` stays a map of strings, so
+    the object still passes its schema (the SDK wraps the whole map as one secret)."""
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return SECRET
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         sig = value.get(rpc._special_sig_key)
         if sig == rpc._special_secret_sig:
-            return SECRET
+            return _masked(_plain(value.get("value")))
         if sig == rpc._special_resource_sig:
             return value.get("urn")
         if sig == rpc._special_output_value_sig:
             if value.get("secret"):
-                return SECRET
+                return _masked(_plain(value["value"])) if "value" in value else SECRET
             return _plain(value["value"]) if "value" in value else UNKNOWN
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
