@@ -1,4 +1,8 @@
-"""The program `pulumi up` runs and the offline plan records: config → cloud → platform → workloads → exports."""
+"""The program `pulumi up` runs and the offline plan records: config → cloud → platform → workloads → exports.
+
+The cloud layer hands over its control plane first: the platform's CNI is installed on it, then the node groups
+join, then the other add-ons and the workloads follow.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +21,11 @@ def main() -> None:
 
 
 def build(settings: Settings, secrets: Secrets) -> None:
-    cluster = cloud.build(settings)
-    platform_context = platform.build(settings, cluster, secrets)
+    control_plane = cloud.build(settings)
+    # The CNI goes in before any node joins: a node without one never turns Ready.
+    cni = platform.build_cni(settings, control_plane.context)
+    cluster = control_plane.join_nodes([cni.release] if cni is not None else [])
+    platform_context = platform.build(settings, cluster, secrets, cni)
     workloads.build(settings, platform_context)
 
     pulumi.export(outputs.CLUSTER_NAME, cluster.name)

@@ -25,7 +25,7 @@ AWS_STACKS = ("dev", "staging", "prod")
 
 def cloud_and_karpenter() -> None:
     settings, _ = load_settings()
-    cluster = cloud.build(settings)
+    cluster = cloud.build(settings).join_nodes(())
     if settings.is_aws:
         catalogue = load_catalogue(REPO_ROOT)
         chart = HelmChart(catalogue.chart("karpenter"), catalogue.values("karpenter"))

@@ -84,14 +84,15 @@ def test_full_program_exports_kubeconfig_as_secret() -> None:
     assert rec.outputs["checkpointBucket"] == f"trainyard-staging-checkpoints-{ACCOUNT}"
 
 
-def test_pod_identity_agent_before_cni_and_others_left_for_the_platform() -> None:
+def test_pod_identity_agent_before_nodes_and_others_left_for_the_platform() -> None:
     rec = plan("prod")
     addons = {a.inputs["addonName"]: a for a in of_type(rec, "aws:eks/addon:Addon")}
     assert set(addons) == {"eks-pod-identity-agent"}
     assert addons["eks-pod-identity-agent"].inputs["addonVersion"] == RELEASE.pod_identity_agent
-    system_group = one(rec, "aws:eks/nodeGroup:NodeGroup", "system-group")
+    # Installed with the control plane, before any node (Cilium needs it, and the nodes need Cilium).
+    groups = {g.urn for g in of_type(rec, "aws:eks/nodeGroup:NodeGroup")}
     component = by_urn(rec, addons["eks-pod-identity-agent"].parent or "")
-    assert system_group.urn in component.depends_on
+    assert groups and not groups & {*component.depends_on, *addons["eks-pod-identity-agent"].depends_on}
 
 
 def test_after_cni_addons_are_pinned() -> None:

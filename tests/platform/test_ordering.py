@@ -115,6 +115,26 @@ def test_cilium_comes_before_every_other_release(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_node_group_waits_for_the_cni(stack: str) -> None:
+    """No node turns Ready without a CNI, and a managed node group whose nodes stay NotReady fails
+    (terraform-aws-modules/terraform-aws-eks issues 3106, 3160, 3446): Cilium goes in first, without waiting for
+    pods that only the nodes can run; the pod identity agent (which its operator needs) before it, CoreDNS after
+    the nodes."""
+    recording = _recording(stack)
+    by_urn = recording.by_urn()
+    cilium = releases_by_chart(recording)["cilium"]
+    groups = [r.urn for r in recording.resources if r.type == "aws:eks/nodeGroup:NodeGroup"]
+    assert len(groups) >= 2
+    assert [g for g in groups if cilium not in upstream(recording, g)] == []
+    inputs = by_urn[cilium].inputs
+    assert (inputs.get("skipAwait"), inputs.get("atomic")) == (True, False)
+    addons = {r.inputs["addonName"]: r.urn for r in recording.resources if r.type == "aws:eks/addon:Addon"}
+    assert addons["eks-pod-identity-agent"] in upstream(recording, cilium)
+    assert not set(groups) & upstream(recording, addons["eks-pod-identity-agent"])
+    assert set(groups) <= upstream(recording, addons["coredns"])
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
 def test_in_cluster_resources_are_deleted_with_the_cluster(stack: str) -> None:
     recording = _recording(stack)
     in_cluster = [r for r in recording.resources
@@ -151,7 +171,8 @@ def test_destroy_order_is_workloads_addons_nodes_cluster(stack: str) -> None:
     assert len(system_nodes) == 1 and of_type["kubernetes:batch.volcano.sh/v1alpha1:Job"]
     for job in of_type["kubernetes:batch.volcano.sh/v1alpha1:Job"]:
         assert releases["volcano"] in upstream(recording, job), f"{job} outlives Volcano on destroy"
-    for release in of_type[HELM_RELEASE]:
+    # Cilium precedes the nodes (they need a CNI to turn Ready); it is deleted with the cluster, after them.
+    for release in (urn for urn in of_type[HELM_RELEASE] if urn != releases["cilium"]):
         assert system_nodes[0] in upstream(recording, release), f"{release} outlives the system nodes on destroy"
     for capacity in (urn for kind in NODE_CAPACITY_KINDS for urn in of_type[kind]):
         assert releases["karpenter"] in upstream(recording, capacity), f"{capacity} outlives Karpenter on destroy"

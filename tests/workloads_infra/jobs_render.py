@@ -58,7 +58,7 @@ def platform_double(settings: Settings, cluster: Any) -> PlatformContext:
 
 def _entrypoint() -> None:
     settings, _secrets = load_settings()
-    workloads.build(settings, platform_double(settings, cloud.build(settings)))
+    workloads.build(settings, platform_double(settings, cloud.build(settings).join_nodes(())))
 
 
 @functools.cache

@@ -1,17 +1,17 @@
 """EKS managed add-ons, pinned per Kubernetes version in `config/releases.py`.
 
 The cluster is created without aws-node, kube-proxy or CoreDNS. Add-ons whose pods need the pod network
-(CoreDNS, the EBS CSI controller, the snapshot controller) can only become healthy once Cilium runs, and
+(CoreDNS, the EBS CSI controller, the snapshot controller) can only become healthy once Cilium runs on nodes, and
 EKS waits for an add-on to be healthy, so they are a separate component the platform layer creates after the
-Cilium release::
+Cilium release and the node groups (both in `cluster.ready` by then)::
 
     from trainyard.cloud.addons import EksAddons, after_cni_addons
 
     EksAddons("eks-addons", after_cni_addons(settings, cluster.name),
               opts=pulumi.ResourceOptions(depends_on=[cilium_release, *cluster.ready]))
 
-The pod identity agent runs on the host network, so the cloud layer installs it before Cilium (whose
-operator gets its EC2 permissions through Pod Identity): see `before_cni_addons`.
+The pod identity agent runs on the host network, so the cloud layer installs it with the control plane, before
+Cilium (whose operator gets its EC2 permissions through Pod Identity) and before any node: see `before_cni_addons`.
 """
 
 from __future__ import annotations

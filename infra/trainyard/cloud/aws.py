@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -11,7 +13,7 @@ from trainyard import names
 from trainyard.cloud.addons import EksAddons, before_cni_addons
 from trainyard.cloud.buckets import Buckets, BucketsArgs
 from trainyard.cloud.cluster import EksCluster, EksClusterArgs
-from trainyard.cloud.context import ClusterContext, KarpenterFacts, PoolFacts
+from trainyard.cloud.context import ClusterContext, ControlPlane, KarpenterFacts, PoolFacts
 from trainyard.cloud.iam import (
     EBS_CSI_MANAGED_POLICY,
     NODE_MANAGED_POLICIES,
@@ -51,7 +53,7 @@ def pool_taints(pool: NodePool) -> tuple[Taint, ...]:
     return configured + tuple(t for t in implied if all(c.key != t.key for c in configured))
 
 
-def build_aws(settings: Settings) -> ClusterContext:
+def build_aws(settings: Settings) -> ControlPlane:
     assert settings.aws is not None
     region = settings.aws.region
     zones = tuple(settings.aws.availability_zones)
@@ -74,28 +76,10 @@ def build_aws(settings: Settings) -> ClusterContext:
         protect=settings.protect, tags=tags))
     cluster = eks.cluster
 
-    node_role = ServiceRole("managed-nodes", ServiceRoleArgs(physical(settings, "managed-node"),
-                                                             "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags))
-    groups: dict[str, ManagedNodeGroup] = {}
-    for pool in settings.node_pools:
-        if pool.role == "gpu":
-            continue
-        pool_zones = tuple(pool.zones or zones)
-        groups[pool.name] = ManagedNodeGroup(pool.name, ManagedNodeGroupArgs(
-            cluster_name=cluster.name, group_name=physical(settings, pool.name), role=NodeRole(pool.role),
-            node_role_arn=node_role.role.arn,
-            subnet_ids=[network.private_subnets_by_zone[z] for z in pool_zones],
-            security_group_ids=[cluster.vpc_config.cluster_security_group_id, eks.node_security_group.id],
-            instance_types=tuple(pool.instance_types), capacity_type=pool.capacity_types[0],
-            min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
-            root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
-            labels=pool_labels(pool), taints=pool_taints(pool), tags=tags),
-            opts=pulumi.ResourceOptions(depends_on=node_role.attachments))
-
-    system = groups[settings.pools("system")[0].name]
-    # Host-network daemonset: runs on NotReady nodes, so it can precede Cilium (whose operator needs it).
-    early_addons = EksAddons("eks-early-addons", before_cni_addons(settings, cluster.name),
-                             opts=pulumi.ResourceOptions(depends_on=[system.node_group]))
+    # The pod identity agent is a host-network DaemonSet: with no node yet it is healthy at zero pods, and it must
+    # be there before Cilium, whose operator gets its EC2 rights through Pod Identity (terraform-aws-eks installs
+    # it `before_compute` for the same reason: github.com/terraform-aws-modules/terraform-aws-eks, README "addons").
+    early_addons = EksAddons("eks-early-addons", before_cni_addons(settings, cluster.name))
 
     def identity(logical: str, role: str, accounts: tuple[names.ServiceAccountRef, ...],
                  policy: dict[str, object] | None = None, managed: tuple[str, ...] = ()) -> PodIdentityRole:
@@ -139,12 +123,12 @@ def build_aws(settings: Settings) -> ClusterContext:
         pools.append(facts)
 
     ready: tuple[pulumi.Resource, ...] = (
-        *eks.access, system.node_group, karpenter.node_access, *early_addons.addons.values(),
+        *eks.access, karpenter.node_access, *early_addons.addons.values(),
         *(a for i in identities for a in i.associations),
     )
     # Plain strings where the physical name is known up front, so the plan shows real names in Helm values;
     # ordering comes from `ready` (access entries and pod identity associations depend on these).
-    return ClusterContext(
+    context = ClusterContext(
         name=name,
         provider=eks.provider,
         cluster=cluster,
@@ -159,3 +143,36 @@ def build_aws(settings: Settings) -> ClusterContext:
                                  discovery_tag=name, ami_alias=release.karpenter_ami_alias),
         ready=ready,
     )
+    return ControlPlane(context, functools.partial(_join_nodes, settings, context, network, eks))
+
+
+def _join_nodes(settings: Settings, context: ClusterContext, network: Network, eks: EksCluster,
+                after: Sequence[pulumi.Resource]) -> ClusterContext:
+    """The managed node groups, created once the CNI exists (`after`), and a context whose `ready` includes them.
+
+    With no CNI a node stays NotReady ("cni plugin not initialized") and a managed node group ends CREATE_FAILED
+    (terraform-aws-modules/terraform-aws-eks issues 3106, 3160, 3446: install the CNI between control plane and
+    nodes; Cilium's EKS guide installs Cilium before the nodes join).
+    """
+    tags = base_tags(settings)
+    zones = tuple(settings.aws.availability_zones) if settings.aws is not None else ()
+    release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
+    cluster = eks.cluster
+    node_role = ServiceRole("managed-nodes", ServiceRoleArgs(physical(settings, "managed-node"),
+                                                             "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags))
+    groups: dict[str, ManagedNodeGroup] = {}
+    for pool in settings.node_pools:
+        if pool.role == "gpu":
+            continue
+        pool_zones = tuple(pool.zones or zones)
+        groups[pool.name] = ManagedNodeGroup(pool.name, ManagedNodeGroupArgs(
+            cluster_name=cluster.name, group_name=physical(settings, pool.name), role=NodeRole(pool.role),
+            node_role_arn=node_role.role.arn,
+            subnet_ids=[network.private_subnets_by_zone[z] for z in pool_zones],
+            security_group_ids=[cluster.vpc_config.cluster_security_group_id, eks.node_security_group.id],
+            instance_types=tuple(pool.instance_types), capacity_type=pool.capacity_types[0],
+            min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
+            root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
+            labels=pool_labels(pool), taints=pool_taints(pool), tags=tags),
+            opts=pulumi.ResourceOptions(depends_on=[*node_role.attachments, *after]))
+    return dataclasses.replace(context, ready=(*context.ready, *(g.node_group for g in groups.values())))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -64,8 +65,21 @@ class ClusterContext:
     dataset_bucket: pulumi.Input[str] | None = None
     checkpoint_bucket: pulumi.Input[str] | None = None
     karpenter: KarpenterFacts | None = None
-    # In-cluster work waits for these: access entries, the system node group.
+    # In-cluster work waits for these: access entries, pod identity agent and associations; after
+    # `ControlPlane.join_nodes`, the managed node groups too.
     ready: tuple[pulumi.Resource, ...] = field(default_factory=tuple)
 
     def pools_with(self, role: PoolRole) -> tuple[PoolFacts, ...]:
         return tuple(p for p in self.pools if p.role == role)
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """The cloud layer's first step: the cluster with no node yet, and the step that adds its node groups.
+
+    Nodes only turn Ready once a CNI is installed, so the program installs the CNI on `context` and passes it to
+    `join_nodes`, which creates the managed node groups after it and returns the context the add-ons use.
+    """
+
+    context: ClusterContext
+    join_nodes: Callable[[Sequence[pulumi.Resource]], ClusterContext]

@@ -1,9 +1,8 @@
 """EKS managed node groups for the system and storage pools, each with its own launch template.
 
-Managed node group creation waits until its instances have registered as Kubernetes nodes, not until they
-are Ready: with no CNI yet the nodes join NotReady (`NetworkReady=false`) and the group still goes ACTIVE,
-so creating the groups before Cilium does not deadlock. Cilium's agent (tolerating everything) then makes
-them Ready.
+With no CNI a node stays NotReady ("cni plugin not initialized") and the group ends CREATE_FAILED "Unhealthy nodes
+in the kubernetes cluster" (terraform-aws-modules/terraform-aws-eks issues 3160, 3446), so the cloud layer creates
+the groups only after the CNI release (`ControlPlane.join_nodes`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cilium: the CNI. Installed first, because no pod (CoreDNS, operators, webhooks) schedules without it."""
+"""Cilium: the CNI. Installed first, before the node groups: no node turns Ready without it."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class Cilium(pulumi.ComponentResource):
                           "labels": labels("cilium", "network")},
                 data={API_SERVER_HOST_KEY: cluster.api_server_host},
                 opts=k8s_options(cluster, self)))
+        # Installed before any node exists, so its pods cannot be Ready yet: create, do not wait.
         self.release = helm_release(f"{name}-release", args.chart, cluster, self, values=cilium_values(args),
-                                    depends_on=endpoint)
+                                    depends_on=endpoint, wait=False)
         self.register_outputs({"release": self.release.id})

@@ -65,11 +65,13 @@ def helm_release(
     values: Mapping[str, Any] | None = None,
     depends_on: Sequence[pulumi.Resource] = (),
     namespace: str | None = None,
+    wait: bool = True,
 ) -> k8s.helm.v3.Release:
     """Install a catalogue chart with its base values merged under `values` (later wins, lists replaced).
 
     helm.v3.Release installs the chart's CRDs with it, so custom resources that depend on the release only
-    reach the API server once their kinds exist.
+    reach the API server once their kinds exist. `wait=False` creates the objects without waiting for pods (the
+    CNI, whose pods can only run on nodes that join after it).
     """
     pin = chart.pin
     return k8s.helm.v3.Release(
@@ -82,8 +84,11 @@ def helm_release(
         namespace=namespace or pin.namespace,
         create_namespace=True,
         values=deep_merge(chart.base_values, values or {}),
-        # Wait for workloads to be ready so dependants (CRs, webhooks) find a serving controller.
-        atomic=True,
+        # Wait for workloads to be ready so dependants (CRs, webhooks) find a serving controller. Not waiting
+        # needs atomic off too: "skipAwait will be disabled automatically if atomic is used" (pulumi-kubernetes
+        # helm.v3.Release API docs); waitForJobs stays unset (false).
+        atomic=wait,
+        skip_await=not wait,
         cleanup_on_fail=True,
         timeout=900,
         opts=k8s_options(cluster, parent, depends_on),

@@ -1,9 +1,10 @@
 """The platform layer's entry: ClusterContext in, PlatformContext out.
 
-Order (explicit depends_on, no needless chains): Cilium first, since nothing schedules without a CNI; then, side
-by side, kube-prometheus-stack, the EKS add-ons needing pod networking, Karpenter, Volcano, the GPU Operator,
-Rook and Fluid. Whatever ships ServiceMonitors/PrometheusRules also waits for kube-prometheus-stack (their CRDs);
-custom resources wait for the release owning their CRD. Destroy runs the same graph backwards.
+Order (explicit depends_on, no needless chains): Cilium first (`build_cni`, on the control plane, before the
+node groups: no node turns Ready without a CNI); then, once the nodes joined, side by side, kube-prometheus-stack,
+the EKS add-ons needing pod networking, Karpenter, Volcano, the GPU Operator, Rook and Fluid. Whatever ships
+ServiceMonitors/PrometheusRules also waits for kube-prometheus-stack (their CRDs); custom resources wait for the
+release owning their CRD. Destroy runs the same graph backwards.
 """
 
 from __future__ import annotations
@@ -35,22 +36,25 @@ MONITORING_DIR = PLATFORM_DIR / "monitoring"
 ADAPTER_RULES = PLATFORM_DIR / "prometheus-adapter" / "rules.yaml"
 
 
-def build(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> PlatformContext:
+def build_cni(settings: Settings, cluster: ClusterContext) -> Cilium | None:
+    """Cilium on the control plane, before any node exists (the program creates the node groups after it)."""
+    if not settings.addons.cilium.enabled:
+        return None
+    return Cilium("cilium", CiliumArgs(chart=_chart(load_catalogue(REPO_ROOT), "cilium"), cluster=cluster,
+                                       native_routing_cidr=settings.network.vpc_cidr,
+                                       hubble_ui=settings.addons.cilium.hubble_ui))
+
+
+def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cilium: Cilium | None) -> PlatformContext:
     catalogue = load_catalogue(REPO_ROOT)
     addons = settings.addons
     gpu_pools = cluster.pools_with("gpu")
-
-    cni: list[pulumi.Resource] = []
-    cilium = None
-    if addons.cilium.enabled:
-        cilium = Cilium("cilium", CiliumArgs(chart=_chart(catalogue, "cilium"), cluster=cluster,
-                                             native_routing_cidr=settings.network.vpc_cidr,
-                                             hubble_ui=addons.cilium.hubble_ui))
-        cni = [cilium.release]
+    cni: list[pulumi.Resource] = [cilium.release] if cilium is not None else []
 
     snapshot_crds: list[pulumi.Resource] = []
     if settings.is_aws:
-        # CoreDNS, EBS CSI and the snapshot controller run in pods: they can only turn healthy after the CNI.
+        # CoreDNS, EBS CSI and the snapshot controller run in pods: they can only turn healthy after the CNI and
+        # once nodes exist (`cluster.ready` holds the node groups).
         eks_addons = EksAddons("eks-addons", after_cni_addons(settings, cluster.name),
                                opts=pulumi.ResourceOptions(depends_on=[*cni, *cluster.ready]))
         snapshot_crds = [eks_addons.addons["snapshot-controller"]]
