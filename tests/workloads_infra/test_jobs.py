@@ -117,6 +117,8 @@ def test_gpu_and_efa_resources_are_requested_and_limited(prod: Recording) -> Non
 def test_efa_env_only_on_efa_pools(prod: Recording) -> None:
     efa_env = _env(_job(prod, "pretrain-h100"))
     assert efa_env["FI_PROVIDER"] == "efa"
+    # NCCL must use the EFA plugin or fail, never fall back to TCP sockets unnoticed.
+    assert efa_env["NCCL_NET"] == "Libfabric"
     for name in ("eval-mig", "smoke"):
         env = _env(_job(prod, name))
         assert not {k for k in env if k.startswith(("FI_", "NCCL_"))}, name

@@ -7,6 +7,7 @@ with the stack's configured discount.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -90,3 +91,58 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         _cpu("i4i.8xlarge", 32, 256, 2.746, (2, 3750)),
     )
 }
+
+
+# --- The fabric check (`python -m trainyard_train.commcheck`, one Volcano job per EFA pool) ---
+# It all-reduces up to 1 GiB across two nodes of a pool and fails when the bus bandwidth there (nccl-tests' busbw,
+# GB/s = 10^9 bytes/s) is below the pool's threshold. The threshold is a fraction of a published two-node figure
+# where one exists; otherwise of the instance's EFA link rate. It is set to catch a broken fabric (NCCL on TCP
+# sockets: single-digit GB/s; EFA interfaces missing; GPUDirect RDMA off), not to grade a healthy one: NCCL and
+# plugin versions, and torch's in-place all-reduce instead of nccl-tests' binary, move a healthy result by tens
+# of percent.
+PUBLISHED_FRACTION = 0.75
+# Lower where nothing was measured: the link rate is a ceiling for the network part only, and no published run
+# shows how close two nodes of that type come to it.
+LINK_FRACTION = 0.6
+# aws-samples/awsome-distributed-training, micro-benchmarks/nccl-tests/README.md ("Results", commit 0162aac):
+# all_reduce_perf float sum on 2 nodes, busbw at 1073741824 B, out-of-place.
+_AWSOME = "aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md@0162aac, 2 nodes, 1 GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class FabricBaseline:
+    """What two nodes of one EFA instance type are expected to reach, and where that figure comes from."""
+
+    efa_gbps: int  # the instance's EFA network bandwidth, Gbit/s (AWS instance-type page)
+    published_busbw_gbps: float | None  # all_reduce_perf busbw at 1 GiB on 2 nodes, GB/s; None: none found
+    source: str
+
+    @property
+    def min_busbw_gbps(self) -> float:
+        if self.published_busbw_gbps is not None:
+            return round(PUBLISHED_FRACTION * self.published_busbw_gbps, 1)
+        return round(LINK_FRACTION * self.efa_gbps / 8, 1)
+
+
+FABRIC_BASELINES: dict[str, FabricBaseline] = {
+    "p4de.24xlarge": FabricBaseline(400, 76.79, _AWSOME),
+    # No p4d run published there; p4d has the same 4 x 100 Gbit/s EFA, A100 NVSwitch and GPUDirect RDMA as p4de
+    # (only GPU memory differs), so p4de's figure applies. NVIDIA/nccl#527 shows 57.2 GB/s on two p4d reported
+    # as slow: the threshold sits right at it.
+    "p4d.24xlarge": FabricBaseline(400, 76.79, f"{_AWSOME} (measured on p4de, same fabric)"),
+    "p5.48xlarge": FabricBaseline(3200, 436.95, _AWSOME),
+    # None found for these: LINK_FRACTION of 3200 Gbit/s (400 GB/s) = 240 GB/s, about 55% of what two p5 nodes
+    # reach on the same link rate (p5e: 32 EFAv2 interfaces like p5; p5en: 16 EFAv3).
+    "p5e.48xlarge": FabricBaseline(3200, None, "none published found; fraction of the link rate"),
+    "p5en.48xlarge": FabricBaseline(3200, None, "none published found; fraction of the link rate"),
+    # One 100 Gbit/s EFA and no GPUDirect RDMA (buffers are staged through host memory): none published found.
+    "g5.48xlarge": FabricBaseline(100, None, "none published found; fraction of the link rate"),
+}
+
+
+def fabric_threshold(instance_types: Sequence[str]) -> float:
+    """The busbw a pool's check must reach: the lowest of its types' (Karpenter may launch any of them)."""
+    missing = [name for name in instance_types if name not in FABRIC_BASELINES]
+    if missing:
+        raise ValueError(f"no fabric baseline for {', '.join(missing)}; known: {', '.join(sorted(FABRIC_BASELINES))}")
+    return min(FABRIC_BASELINES[name].min_busbw_gbps for name in instance_types)

@@ -18,12 +18,17 @@ ZONE_KEY = "topology.kubernetes.io/zone"
 GRACE_MARGIN_SECONDS = 30
 # Karpenter never consolidates or drifts a node away from under a running job (spot reclaims still happen).
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
-# libfabric environment for aws-ofi-nccl on EFA (aws-ofi-nccl doc/efa-env-var.md). FI_PROVIDER pins libfabric to
-# EFA so a missing device fails loudly instead of NCCL silently falling back to TCP sockets. Hugepages off: the
-# data loader forks, and forked children fail to allocate with EFA's hugepage-backed buffers.
-# FI_EFA_USE_DEVICE_RDMA and NCCL_PROTO are deliberately unset: obsolete (and harmful for the latter) with
-# libfabric >= 1.18 and aws-ofi-nccl >= 1.7, which p5 instances require anyway.
-EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_HUGE_PAGE": "0"}
+# NCCL/libfabric environment of pods that request EFA, checked against aws-ofi-nccl's doc/efa-env-var.md for the
+# plugin the image carries (workloads/Dockerfile: aws-ofi-nccl 1.21.1, libfabric 2.6.0amzn1.0).
+# - NCCL_NET: use this network or fail (NCCL env docs, NCCL_NET). Without it a plugin that cannot start (no EFA
+#   device, wrong libfabric) leaves NCCL silently on TCP sockets. "Libfabric" is the plugin's name after 1.11.0
+#   (src/nccl_ofi_interface_nvidia.cpp, nvidia_plugin_name_fixup; the old "AWS Libfabric" is still accepted).
+# - FI_PROVIDER=efa: libfabric loads no other provider (the doc lists it for plugins <= 1.5.0; harmless after).
+# - FI_EFA_USE_HUGE_PAGE=0: the data loader forks, and forked children fail to allocate with EFA's hugepage-backed
+#   buffers (the doc's fix for "OSError: Cannot allocate memory" from os.fork()).
+# FI_EFA_USE_DEVICE_RDMA and NCCL_PROTO are deliberately unset: the doc says not to set them for libfabric >= 1.18
+# and aws-ofi-nccl >= 1.7 (GPUDirect RDMA is on by default on p4d/p5), and NCCL_PROTO=simple costs bandwidth.
+EFA_ENV = {"NCCL_NET": "Libfabric", "FI_PROVIDER": "efa", "FI_EFA_USE_HUGE_PAGE": "0"}
 # The trainer image's unprivileged user (workloads/Dockerfile). Nothing in a training pod needs root, extra
 # capabilities or the Kubernetes API (EKS Pod Identity injects its own token for S3).
 TRAINER_UID = 10001
