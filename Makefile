@@ -23,8 +23,8 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
 	touch $@
 
-plan: $(VENV)/.installed  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK
-	$(BIN)/python -m trainyard plan --stack $(STACK) --out build/plan/$(STACK)
+plan: $(VENV)/.installed  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it
+	$(BIN)/python -m trainyard plan --stack $(STACK) --out build/plan/$(STACK) --rehearse
 
 plans: $(VENV)/.installed  ## refresh the reviewed plans in plans/ (commit them with the change)
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done

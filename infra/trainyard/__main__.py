@@ -1,6 +1,8 @@
 """trainyard's command line: `python -m trainyard plan --stack dev [--out DIR] [--graph FILE]`.
 
-`plan` runs the same program `pulumi up` runs, under Pulumi's mock runtime, and shows what it would create.
+`plan` runs the same program `pulumi up` runs, under Pulumi's mock runtime, and shows what it would create;
+`--rehearse` then walks it in the engine's creation order and fails (exit 1) on the first resource that would
+hang or fail.
 `diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
 """
 
@@ -18,6 +20,7 @@ from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
 from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan import graph, report
+from trainyard.plan import rehearse as rehearsal
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.diff import default_base, diff_against, format_diff
 from trainyard.plan.recording import Recording
@@ -35,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--out", type=Path, help="write resources.json, manifests/ and helm/ here")
     plan.add_argument("--quiet", action="store_true", help="print only the summary, not the tree")
     plan.add_argument("--graph", type=Path, help="write the dependency graph here (.dot: Graphviz, else Mermaid)")
+    plan.add_argument("--rehearse", action="store_true",
+                      help="rehearse `pulumi up`: exit 1 naming the first resource that would hang or fail")
     diff = commands.add_parser("diff", help="compare stacks rendered at the working tree and at a git ref")
     diff.add_argument("--base", help="git ref to compare against (default: origin/main if it exists, else HEAD)")
     diff.add_argument("--stack", action="append", dest="stacks", help="repeatable; default: every stack")
@@ -42,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "diff":
         return _diff(args.base, args.stacks or available_stacks(), args.format)
-    return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph)
+    return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
 
 
 def _diff(base: str | None, stacks: list[str], fmt: str) -> int:
@@ -51,7 +56,8 @@ def _diff(base: str | None, stacks: list[str], fmt: str) -> int:
     return 0
 
 
-def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | None = None) -> int:
+def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | None = None,
+          rehearse: bool = False) -> int:
     stack_name = stack.stack
     recording = Recording()
     try:
@@ -73,6 +79,10 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         text = graph.to_dot(dependencies) if graph_file.suffix == ".dot" else graph.to_mermaid(dependencies)
         graph_file.write_text(text)
         print(f"Wrote {graph_file}")
+    if rehearse:
+        result = rehearsal.rehearse(recording)
+        print("\n" + rehearsal.report(result, stack_name))
+        return 0 if result.passed else 1
     return 0
 
 

@@ -1,0 +1,328 @@
+"""The cluster a set of created resources adds up to: CNI, node pools, CRD charts, storage classes, scheduler.
+
+`cluster_state(records)` reads only what the recording holds (inputs as the provider would receive them and
+the Helm values as merged), and the instance-type and MIG tables for what a node offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.plan.chart_pods import affinity_terms, chart_name, lookup
+from trainyard.plan.cluster_model import (
+    GIB,
+    InstanceOffer,
+    PodNeeds,
+    Pool,
+    StorageClass,
+    Taint,
+    Toleration,
+    admits,
+    frozen_labels,
+    quantity,
+)
+from trainyard.plan.recording import ResourceRecord
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+EKS_ADDON = "aws:eks/addon:Addon"
+NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
+STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
+K8S_PROVIDER = "pulumi:providers:kubernetes"
+
+# Charts that give pods a network. Cilium's EKS guide installs it before any node joins
+# (docs.cilium.io/en/stable/installation/k8s-install-helm, "EKS"); vpc-cni is the EKS add-on alternative.
+CNI_CHARTS = frozenset({"cilium"})
+EBS_PROVISIONER = "ebs.csi.aws.com"
+# Volcano 1.15.1 chart's default scheduler config (installer/helm/chart/volcano/config/volcano-scheduler.conf).
+VOLCANO_DEFAULT_ACTIONS = ("enqueue", "allocate", "backfill")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What Volcano's scheduler runs: its actions in order and the plugins of every tier."""
+
+    actions: tuple[str, ...]
+    plugins: frozenset[str]
+    overcommit_factor: float  # overcommit plugin's factor (1.2 upstream default); 1.0 without the plugin
+
+
+@dataclass(frozen=True)
+class Ceph:
+    """A Rook CephCluster as the rook-ceph-cluster values describe it, with the hosts it can use."""
+
+    osd_hosts: int
+    osd_selection: str  # how storage selection picked (or failed to pick) OSD hosts, for messages
+    mon_count: int
+    mon_hosts: int
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    cni: str | None
+    pools: tuple[Pool, ...]
+    charts: frozenset[str]  # Helm charts installed (by chart name)
+    eks_addons: frozenset[str]
+    storage_classes: Mapping[str, StorageClass]
+    default_class: str | None
+    scheduler: SchedulerConfig | None
+    overlay_gate: bool  # Karpenter's NodeOverlay feature gate (alpha, off in the 1.14 chart)
+    overlays: tuple[str, ...]  # NodeOverlay names present
+    existing_cluster: bool = False  # a cluster the stack does not create (local/kind)
+    ceph: Ceph | None = None
+
+
+def _release_values(record: ResourceRecord) -> Mapping[str, Any]:
+    values = record.inputs.get("values")
+    return values if isinstance(values, Mapping) else {}
+
+
+def releases(records: Iterable[ResourceRecord]) -> dict[str, ResourceRecord]:
+    """Chart name -> its Release record."""
+    return {chart_name(str(r.inputs.get("chart", ""))): r for r in records if r.type == RELEASE}
+
+
+def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
+    records = sorted(records, key=lambda r: r.urn)  # the same state whatever order the program registered in
+    charts = releases(records)
+    addons = frozenset(str(r.inputs.get("addonName")) for r in records if r.type == EKS_ADDON)
+    cni = _cni(records, charts, addons)
+    existing = any(r.type == K8S_PROVIDER and "context" in r.inputs for r in records) and not any(
+        r.type == EKS_CLUSTER for r in records)
+    karpenter = charts.get("karpenter")
+    gate = bool(karpenter and lookup(_release_values(karpenter), "settings.featureGates.nodeOverlay", False))
+    overlays = [r for r in records if r.type == NODE_OVERLAY]
+    pools = [_managed_pool(r) for r in records if r.type == NODE_GROUP]
+    if karpenter is not None and cni is not None:
+        classes = {str(r.inputs["metadata"]["name"]) for r in records if r.type == NODE_CLASS}
+        pools += [_karpenter_pool(r, overlays if gate else []) for r in records
+                  if r.type == NODE_POOL and lookup(r.inputs, "spec.template.spec.nodeClassRef.name") in classes]
+    if existing:
+        # A cluster the plan cannot see: its nodes are there, with labels and sizes it does not know and no GPU.
+        unknown = InstanceOffer("unknown", {"cpu": float("inf"), "memory": float("inf"), "pods": float("inf")})
+        pools.append(Pool("existing cluster", frozen_labels({}), (), (unknown,), nodes=1, unknown_labels=True))
+    ceph = _ceph(charts["rook-ceph-cluster"], pools) if "rook-ceph-cluster" in charts else None
+    classes_by_name = _storage_classes(records, charts, addons, ceph, existing)
+    default = next((name for name, sc in classes_by_name.items() if sc.backend.endswith("(default)")), None)
+    return ClusterState(
+        cni=cni, pools=tuple(pools), charts=frozenset(charts), eks_addons=addons,
+        storage_classes=classes_by_name, default_class=default,
+        scheduler=_scheduler(charts["volcano"]) if "volcano" in charts else None,
+        overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), existing_cluster=existing, ceph=ceph)
+
+
+def _cni(records: list[ResourceRecord], charts: Mapping[str, ResourceRecord], addons: frozenset[str]) -> str | None:
+    if cni := sorted(CNI_CHARTS & set(charts)):
+        return f"{cni[0]} (Helm)"
+    if "vpc-cni" in addons:
+        return "vpc-cni (EKS add-on)"
+    for cluster in (r for r in records if r.type == EKS_CLUSTER):
+        # Without bootstrapSelfManagedAddons=false EKS installs vpc-cni, kube-proxy and CoreDNS itself
+        # (EKS CreateCluster API, bootstrapSelfManagedAddons, default true).
+        if cluster.inputs.get("bootstrapSelfManagedAddons", True) is not False:
+            return "vpc-cni (bootstrapped by EKS)"
+    if any(r.type == K8S_PROVIDER and "context" in r.inputs for r in records):
+        return "the existing cluster's"
+    return None
+
+
+def _offer(instance_type: str) -> InstanceOffer | None:
+    itype = INSTANCE_TYPES.get(instance_type)
+    if itype is None:
+        return None
+    # Karpenter's AWS provider knows these per instance type (karpenter.sh/docs/reference/instance-types);
+    # MIG slices it learns only from a NodeOverlay.
+    resources = {"cpu": float(itype.vcpu), "memory": itype.memory_gib * GIB, "pods": 110.0}
+    if itype.gpu_count:
+        resources["nvidia.com/gpu"] = float(itype.gpu_count)
+    if itype.efa_interfaces:
+        resources["vpc.amazonaws.com/efa"] = float(itype.efa_interfaces)
+    return InstanceOffer(instance_type, resources)
+
+
+def _managed_pool(record: ResourceRecord) -> Pool:
+    inputs = record.inputs
+    types = [str(t) for t in inputs.get("instanceTypes") or ()]
+    arch = "arm64" if "ARM" in str(inputs.get("amiType", "")) else "amd64"
+    labels: dict[str, set[str]] = {k: {str(v)} for k, v in (inputs.get("labels") or {}).items()}
+    # Labels every EKS managed node carries (EKS docs, "Managed node groups": eks.amazonaws.com/nodegroup).
+    labels |= {"kubernetes.io/os": {"linux"}, "kubernetes.io/arch": {arch},
+               "eks.amazonaws.com/nodegroup": {str(inputs.get("nodeGroupName", record.name))},
+               "node.kubernetes.io/instance-type": set(types)}
+    offers = tuple(o for o in map(_offer, types) if o is not None)
+    return Pool(name=str(inputs.get("nodeGroupName", record.name)), labels=frozen_labels(labels),
+                taints=tuple(Taint.of(t) for t in inputs.get("taints") or ()), offers=offers,
+                nodes=int(lookup(inputs, "scalingConfig.desiredSize", 0) or 0))
+
+
+def _karpenter_pool(record: ResourceRecord, overlays: list[ResourceRecord]) -> Pool:
+    spec = lookup(record.inputs, "spec.template", {}) or {}
+    name = str(record.inputs["metadata"]["name"])
+    labels: dict[str, set[str]] = {k: {str(v)} for k, v in (lookup(spec, "metadata.labels", {}) or {}).items()}
+    labels["karpenter.sh/nodepool"] = {name}
+    labels.setdefault("kubernetes.io/os", {"linux"})
+    for requirement in lookup(spec, "spec.requirements", ()) or ():
+        if requirement.get("operator") == "In":
+            labels[str(requirement["key"])] = {str(v) for v in requirement.get("values") or ()}
+    types = sorted(labels.get("node.kubernetes.io/instance-type", set()))
+    offers = []
+    for itype in types:
+        offer = _offer(itype)
+        if offer is None:
+            continue
+        resources = dict(offer.resources)
+        for overlay in overlays:
+            # A NodeOverlay adds capacity to the instance types its requirements select
+            # (karpenter.sh/docs/concepts/nodeoverlays; aws/karpenter-provider-aws PR 8710).
+            node_labels = labels | {"node.kubernetes.io/instance-type": {itype}}
+            wanted = lookup(overlay.inputs, "spec.requirements", ()) or ()
+            if all(_requirement_holds(r, node_labels) for r in wanted):
+                for resource, amount in (lookup(overlay.inputs, "spec.capacity", {}) or {}).items():
+                    resources[str(resource)] = quantity(amount)
+        offers.append(InstanceOffer(itype, resources))
+    # startupTaints are expected to go once the node is set up; Karpenter schedules as if they were gone
+    # (karpenter.sh/docs/concepts/nodepools, "startupTaints").
+    taints = tuple(Taint.of(t) for t in lookup(spec, "spec.taints", ()) or ())
+    return Pool(name=name, labels=frozen_labels(labels), taints=taints, offers=tuple(offers), nodes=0,
+                autoscaled=True)
+
+
+def _requirement_holds(raw: Mapping[str, Any], labels: Mapping[str, set[str]]) -> bool:
+    present = labels.get(str(raw.get("key")))
+    values = {str(v) for v in raw.get("values") or ()}
+    operator = raw.get("operator")
+    if operator == "In":
+        return present is not None and bool(present & values)
+    if operator == "NotIn":
+        return present is None or bool(present - values)
+    if operator == "Exists":
+        return present is not None
+    return present is None if operator == "DoesNotExist" else True
+
+
+def _placement_pod(name: str, placement: Mapping[str, Any]) -> PodNeeds:
+    return PodNeeds(name=name, affinity_terms=affinity_terms(placement),
+                    tolerations=tuple(Toleration.of(t) for t in placement.get("tolerations") or ()))
+
+
+def _ceph(release: ResourceRecord, pools: list[Pool]) -> Ceph:
+    spec = lookup(_release_values(release), "cephClusterSpec", {}) or {}
+    placement = spec.get("placement") or {}
+
+    def placed(component: str) -> PodNeeds:
+        # Rook merges placement.all into each component's placement (ceph-cluster-crd doc, "Placement").
+        merged = dict(placement.get("all") or {}) | dict(placement.get(component) or {})
+        return _placement_pod(component, merged)
+
+    osd = placed("osd")
+    storage = spec.get("storage") or {}
+    # The rook-ceph-cluster chart's default is useAllNodes/useAllDevices true; ours merge over it.
+    use_all_nodes = storage.get("useAllNodes", True)
+    wants_devices = storage.get("useAllDevices", True) or storage.get("deviceFilter") or storage.get("devices")
+    # Rook prepares OSDs on raw devices; on EC2 those are instance-store NVMe (the root volume is partitioned).
+    device_hosts = sum(p.nodes for p in pools if admits(osd, p) and not p.autoscaled
+                       and any(INSTANCE_TYPES[o.instance_type].nvme_devices for o in p.offers))
+    set_hosts = 0
+    for device_set in storage.get("storageClassDeviceSets") or ():
+        set_pod = _placement_pod("osd", dict(device_set.get("placement") or {}) or
+                                 dict(placement.get("all") or {}) | dict(placement.get("osd") or {}))
+        nodes = sum(p.nodes for p in pools if admits(set_pod, p) and not p.autoscaled)
+        set_hosts += min(int(device_set.get("count", 0) or 0), nodes)
+    if use_all_nodes and wants_devices:
+        osd_hosts, how = device_hosts + set_hosts, "useAllNodes on nodes the OSD placement admits"
+    elif storage.get("nodes"):
+        # Rook matches nodes[].name against kubernetes.io/hostname, which EC2 assigns at launch.
+        osd_hosts, how = set_hosts, "a nodes: list of hostnames the plan cannot know"
+    else:
+        osd_hosts = set_hosts
+        how = "storageClassDeviceSets" if set_hosts else "useAllNodes: false with no nodes: list selects no node"
+    mon = placed("mon")
+    mon_spec = spec.get("mon") or {}
+    mon_hosts = sum(p.nodes for p in pools if admits(mon, p) and not p.autoscaled)
+    return Ceph(osd_hosts=osd_hosts, osd_selection=how, mon_count=int(mon_spec.get("count", 3)),
+                mon_hosts=mon_hosts if not mon_spec.get("allowMultiplePerNode") else max(mon_hosts, 1) * 3)
+
+
+def ceph_cluster_problem(ceph: Ceph) -> str | None:
+    """Why a CephCluster never becomes healthy on the nodes it has, or None."""
+    if ceph.mon_hosts < ceph.mon_count:
+        return f"{ceph.mon_count} Ceph mons need {ceph.mon_count} nodes their placement admits; there are " \
+               f"{ceph.mon_hosts}"
+    if ceph.osd_hosts == 0:
+        return f"Rook creates no OSD ({ceph.osd_selection})"
+    return None
+
+
+def _ceph_problem(size: int, charts: frozenset[str] | set[str], ceph: Ceph | None) -> str | None:
+    if "rook-ceph" not in charts:
+        return "the Rook operator (rook-ceph chart) is not installed yet"
+    if ceph is None:
+        return "no CephCluster (rook-ceph-cluster chart) is installed yet"
+    if problem := ceph_cluster_problem(ceph):
+        return problem
+    if size > ceph.osd_hosts:
+        return f"pool replica size {size} exceeds the {ceph.osd_hosts} OSD host(s) (failureDomain host)"
+    return None
+
+
+def _storage_classes(records: list[ResourceRecord], charts: Mapping[str, ResourceRecord], addons: frozenset[str],
+                     ceph: Ceph | None, existing: bool) -> dict[str, StorageClass]:
+    classes: dict[str, StorageClass] = {}
+    if existing:
+        # kind's default class (rancher local-path, WaitForFirstConsumer; kind.sigs.k8s.io/docs/user/configuration).
+        classes["standard"] = StorageClass("standard", "existing cluster (default)", immediate=False)
+    cluster = charts.get("rook-ceph-cluster")
+    if cluster is not None:
+        values = _release_values(cluster)
+        for key, size_of in (("cephBlockPools", _block_size), ("cephFileSystems", _filesystem_size)):
+            for pool in values.get(key) or ():
+                sc = pool.get("storageClass") or {}
+                if not sc.get("enabled", True) or not sc.get("name"):
+                    continue
+                classes[str(sc["name"])] = StorageClass(
+                    str(sc["name"]), "ceph (default)" if sc.get("isDefault") else "ceph",
+                    immediate=sc.get("volumeBindingMode", "Immediate") != "WaitForFirstConsumer",
+                    problem=_ceph_problem(size_of(pool.get("spec") or {}), set(charts), ceph))
+    for record in (r for r in records if r.type == STORAGE_CLASS):
+        name = str(lookup(record.inputs, "metadata.name"))
+        provisioner = str(record.inputs.get("provisioner", ""))
+        default = lookup(record.inputs, "metadata.annotations", {}).get(
+            "storageclass.kubernetes.io/is-default-class") == "true"
+        problem = None
+        if provisioner == EBS_PROVISIONER and "aws-ebs-csi-driver" not in addons:
+            problem = "the aws-ebs-csi-driver EKS add-on is not installed yet"
+        classes[name] = StorageClass(name, provisioner + (" (default)" if default else ""),
+                                     immediate=record.inputs.get("volumeBindingMode", "Immediate") == "Immediate",
+                                     problem=problem)
+    return classes
+
+
+def _block_size(spec: Mapping[str, Any]) -> int:
+    return int(lookup(spec, "replicated.size", 1) or 1)
+
+
+def _filesystem_size(spec: Mapping[str, Any]) -> int:
+    pools = [spec.get("metadataPool") or {}, *(spec.get("dataPools") or ())]
+    return max(int(lookup(p, "replicated.size", 1) or 1) for p in pools)
+
+
+def _scheduler(release: ResourceRecord) -> SchedulerConfig:
+    text = lookup(_release_values(release), "custom.scheduler_config_override")
+    if not text:
+        return SchedulerConfig(VOLCANO_DEFAULT_ACTIONS, frozenset({"overcommit", "proportion", "gang"}), 1.2)
+    config = yaml.safe_load(str(text)) or {}
+    actions = tuple(a.strip() for a in str(config.get("actions", "")).split(",") if a.strip())
+    plugins = {str(p.get("name")): p for tier in config.get("tiers") or () for p in tier.get("plugins") or ()}
+    factor = 1.0
+    if "overcommit" in plugins:
+        # overcommit plugin: idle resources times overcommit-factor (default 1.2) admit a job (volcano docs).
+        factor = float((plugins["overcommit"].get("arguments") or {}).get("overcommit-factor", 1.2))
+    return SchedulerConfig(actions, frozenset(plugins), factor)

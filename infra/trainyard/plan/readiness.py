@@ -1,0 +1,372 @@
+"""Readiness rules: whether one resource, created into a given cluster state, comes up (or hangs, or fails).
+
+Each rule is a pure function `(record, moment) -> problem or None`: `moment.before` is the cluster made of
+everything the engine has finished when it starts this resource (its transitive dependencies and parents), and
+`moment.after` the cluster once the whole run is done (what a controller acting later sees). A rule names the
+upstream behaviour it models in the comment above it; `RULES` lists them with the resource types they apply to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainyard.plan.chart_pods import chart_name, lookup, pod_needs, release_pods
+from trainyard.plan.cluster_model import (
+    PodNeeds,
+    Pool,
+    Toleration,
+    admits,
+    can_launch,
+    can_run_now,
+    fits_some_offer,
+    label_mismatch,
+    short_resources,
+    untolerated,
+)
+from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, ClusterState, ceph_cluster_problem
+from trainyard.plan.recording import ResourceRecord
+
+PVC = "kubernetes:core/v1:PersistentVolumeClaim"
+VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+QUEUES = ("kubernetes:scheduling.volcano.sh/v1beta1:Queue", "kubernetes:scheduling.volcano.sh/v1beta1:QueuePatch")
+ALLUXIO_RUNTIME = "kubernetes:data.fluid.io/v1alpha1:AlluxioRuntime"
+DATASET = "kubernetes:data.fluid.io/v1alpha1:Dataset"
+
+
+@dataclass(frozen=True)
+class Moment:
+    before: ClusterState  # what exists when the engine starts creating the resource
+    after: ClusterState  # what exists once the run is over
+    records: Mapping[str, ResourceRecord]  # every record by URN, for rules that read a sibling object
+
+
+Check = Callable[[ResourceRecord, Moment], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    applies_to: Callable[[ResourceRecord], bool]
+    check: Check
+    source: str
+
+
+def ready_pools(state: ClusterState) -> tuple[Pool, ...]:
+    """Pools whose nodes are Ready: a node reports NotReady until a CNI is installed."""
+    return state.pools if state.cni else ()
+
+
+def _placement_problem(pod: PodNeeds, pools: tuple[Pool, ...], *, launch: bool) -> str:
+    """Why no pool takes the pod: one clause per pool, so the message shows the nearest miss."""
+    if not pools:
+        return "there is no Ready node yet" + ("" if launch else " (and no Karpenter pool)")
+    reasons = []
+    for pool in pools:
+        if mismatch := label_mismatch(pod, pool):
+            reasons.append(f"{pool.name}: {mismatch} does not match")
+        elif taints := untolerated(pod, pool):
+            reasons.append(f"{pool.name}: taint {taints[0]} not tolerated")
+        elif not fits_some_offer(pod, pool):
+            missing = short_resources(pod, pool.offers[0]) if pool.offers else list(pod.extended_resources)
+            reasons.append(f"{pool.name}: no instance type offers {', '.join(missing)}")
+        elif not pool.autoscaled and pool.nodes < pod.distinct_nodes:
+            reasons.append(f"{pool.name}: {pool.nodes} node(s), {pod.distinct_nodes} needed apart")
+        elif not pool.autoscaled:
+            reasons.append(f"{pool.name}: no node")
+    return "; ".join(reasons) or "no pool admits it"
+
+
+# --------------------------------------------------------------------------------------------------- nodes
+
+
+# A node joins Ready only once a CNI is installed; a managed node group whose nodes stay NotReady ends
+# CREATE_FAILED "Unhealthy nodes in the kubernetes cluster" (terraform-aws-modules/terraform-aws-eks issues 3160,
+# 3446, 3525; Cilium's EKS install guide installs Cilium before nodes join).
+def node_group_needs_cni(record: ResourceRecord, moment: Moment) -> str | None:
+    if moment.before.cni is None:
+        return ("no CNI is installed before this node group: its nodes stay NotReady (\"cni plugin not "
+                "initialized\") and the group ends CREATE_FAILED")
+    return None
+
+
+# Pods of an EKS add-on with a Deployment; pulumi-aws waits for the add-on to be ACTIVE and EKS reports it
+# DEGRADED while those pods are not ready (terraform-provider-aws internal/service/eks/addon.go waitAddonCreated).
+# Placement from the add-ons' default configuration (`aws eks describe-addon-configuration`): CoreDNS and the EBS
+# CSI controller tolerate CriticalAddonsOnly and run on any Linux node.
+_ADDON_PODS: Mapping[str, PodNeeds] = {
+    name: PodNeeds(name=name, node_selector={"kubernetes.io/os": "linux"},
+                   tolerations=(Toleration("CriticalAddonsOnly", "Exists"),))
+    for name in ("coredns", "aws-ebs-csi-driver", "snapshot-controller")
+}
+
+
+def addon_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
+    name = str(record.inputs.get("addonName"))
+    pod = _ADDON_PODS.get(name)
+    if pod is None:  # a DaemonSet-only add-on (pod identity agent, vpc-cni) is ACTIVE with no node
+        return None
+    config = json.loads(str(record.inputs.get("configurationValues") or "{}"))
+    if config.get("nodeSelector") or config.get("tolerations"):
+        pod = PodNeeds(name=name, node_selector=dict(config.get("nodeSelector") or pod.node_selector),
+                       tolerations=tuple(Toleration.of(t) for t in config.get("tolerations") or ()))
+    pools = ready_pools(moment.before)
+    if can_run_now(pod, pools):
+        return None
+    return (f"EKS add-on {name} stays DEGRADED and its create times out: its pods need a Ready node "
+            f"({_placement_problem(pod, pools, launch=False)})")
+
+
+# ------------------------------------------------------------------------------------------- Helm releases
+
+
+# A Release waits for its Deployments/StatefulSets unless skipAwait (pulumi-kubernetes Release docs: "skipAwait
+# will be disabled automatically if atomic is used"); their pods need nodes present at that point, or a
+# Karpenter NodePool that can launch one (Karpenter scheduling docs: node selectors, taints, resources).
+def release_waits(record: ResourceRecord) -> bool:
+    return bool(record.inputs.get("atomic")) or not record.inputs.get("skipAwait")
+
+
+def release_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
+    if not release_waits(record):
+        return None
+    chart = str(record.inputs.get("chart", ""))
+    pods = release_pods(chart, record.inputs.get("values") or {})
+    if pods is None:
+        return f"no pod model for chart {chart_name(chart)!r}: add it to trainyard/plan/chart_pods.py CHART_PODS"
+    ready = ready_pools(moment.before)
+    for pod in pods:
+        if can_run_now(pod, ready) or can_launch(pod, ready):
+            continue
+        return (f"the install waits (atomic/skipAwait false) for {pod.name}, which cannot be scheduled: "
+                f"{_placement_problem(pod, ready, launch=True)}")
+    return None
+
+
+# Volumes of pods a release's operator creates (kube-prometheus-stack: Prometheus and Alertmanager
+# volumeClaimTemplates) stay Pending until their StorageClass's backend can provision (kubernetes.io/docs/
+# concepts/storage/dynamic-provisioning); a monitoring volume on a backend installed later waits for it.
+_RELEASE_CLAIMS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "kube-prometheus-stack": (
+        ("Prometheus", "prometheus.prometheusSpec.storageSpec.volumeClaimTemplate.spec.storageClassName"),
+        ("Alertmanager", "alertmanager.alertmanagerSpec.storage.volumeClaimTemplate.spec.storageClassName"),
+    ),
+}
+
+
+def release_volumes_bind(record: ResourceRecord, moment: Moment) -> str | None:
+    values = record.inputs.get("values") or {}
+    for owner, path in _RELEASE_CLAIMS.get(chart_name(str(record.inputs.get("chart", ""))), ()):
+        name = lookup(values, path)
+        if name is None:
+            continue
+        if problem := _class_problem(str(name), moment.before):
+            return f"{owner}'s volume (StorageClass {name}) stays Pending when this release installs: {problem}"
+    return None
+
+
+# Rook's storage selection decides which nodes get OSDs: useAllNodes, or a nodes: list (useAllNodes false with
+# no list selects none), filtered by the OSD placement; mons need `mon.count` distinct nodes unless
+# allowMultiplePerNode (Rook ceph-cluster-crd doc, "Storage Selection Settings", "Mon Settings"). Rook keeps
+# reconciling, so the nodes at the end of the run count.
+def ceph_has_osds(record: ResourceRecord, moment: Moment) -> str | None:
+    if chart_name(str(record.inputs.get("chart", ""))) != "rook-ceph-cluster" or moment.after.ceph is None:
+        return None
+    if problem := ceph_cluster_problem(moment.after.ceph):
+        return f"the CephCluster never serves storage: {problem}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ custom resources
+
+
+# Creating an object whose CRD is not installed fails ("no matches for kind"); Cilium's CRDs are registered by
+# cilium-operator when it starts (docs.cilium.io, "cilium-operator": CRD registration), so they also need a
+# Ready node for the operator.
+CRD_CHARTS: Mapping[str, str] = {
+    "karpenter.sh": "karpenter", "karpenter.k8s.aws": "karpenter", "ceph.rook.io": "rook-ceph",
+    "monitoring.coreos.com": "kube-prometheus-stack", "batch.volcano.sh": "volcano",
+    "scheduling.volcano.sh": "volcano", "data.fluid.io": "fluid", "cilium.io": "cilium",
+    "nvidia.com": "gpu-operator",
+}
+
+
+def _group(record: ResourceRecord) -> str | None:
+    parts = record.type.split(":")
+    if parts[0] != "kubernetes" or len(parts) != 3 or "/" not in parts[1]:
+        return None
+    return parts[1].rsplit("/", 1)[0]
+
+
+def is_custom_resource(record: ResourceRecord) -> bool:
+    return _group(record) in CRD_CHARTS
+
+
+def crd_installed(record: ResourceRecord, moment: Moment) -> str | None:
+    group = _group(record)
+    chart = CRD_CHARTS[group] if group else ""
+    if chart not in moment.before.charts:
+        return f"its CRD ({group}) comes with the {chart} chart, which is not installed before it"
+    if group == "cilium.io" and not any(p.nodes for p in ready_pools(moment.before)):
+        return "Cilium's CRDs are registered by cilium-operator, which has no Ready node before this object"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------- storage
+
+
+def _class_problem(name: str | None, state: ClusterState) -> str | None:
+    if name is None:
+        return "it names no StorageClass and the cluster has no default class"
+    storage_class = state.storage_classes.get(name)
+    if storage_class is None:
+        return f"StorageClass {name} does not exist yet"
+    return storage_class.problem
+
+
+# pulumi-kubernetes waits for a PersistentVolumeClaim to be Bound unless the pulumi.com/skipAwait annotation is
+# set or its class binds WaitForFirstConsumer (pulumi-kubernetes await logic; issue 895). Binding needs the
+# class's backend to provision: Ceph needs the Rook operator, a CephCluster, mons and OSD hosts, and a pool
+# size no larger than the OSD hosts with failureDomain host (Rook ceph-cluster-crd and ceph-pool-crd docs).
+def claim_binds(record: ResourceRecord, moment: Moment) -> str | None:
+    annotations = lookup(record.inputs, "metadata.annotations", {}) or {}
+    name = lookup(record.inputs, "spec.storageClassName")
+    awaited_class = moment.before.storage_classes.get(str(name or moment.before.default_class))
+    awaited = annotations.get("pulumi.com/skipAwait") != "true" and (awaited_class is None or
+                                                                       awaited_class.immediate)
+    state = moment.before if awaited else moment.after
+    problem = _class_problem(str(name) if name else state.default_class, state)
+    if problem is None:
+        return None
+    return f"the claim never binds{' and pulumi up waits for it' if awaited else ''}: {problem}"
+
+
+# ------------------------------------------------------------------------------------------------ workloads
+
+
+def _task_pods(record: ResourceRecord) -> list[tuple[PodNeeds, int]]:
+    tasks = lookup(record.inputs, "spec.tasks", ()) or ()
+    return [(pod_needs(f"{record.name}/{t.get('name', 'task')}", lookup(t, "template.spec", {}) or {}),
+             int(t.get("replicas", 1))) for t in tasks]
+
+
+# A pending pod makes Karpenter launch a node only if some NodePool's requirements and labels match its
+# selectors, it tolerates the pool's taints, and an instance type offers every resource it requests;
+# Karpenter knows nvidia.com/gpu and vpc.amazonaws.com/efa per instance type, MIG slices only from a NodeOverlay
+# with the NodeOverlay feature gate on (karpenter.sh/docs/concepts/scheduling; aws/karpenter-provider-aws PR 8710).
+def karpenter_can_launch(record: ResourceRecord, moment: Moment) -> str | None:
+    pools = ready_pools(moment.after)
+    for pod, _replicas in _task_pods(record):
+        if can_run_now(pod, pools) or can_launch(pod, pools):
+            continue
+        problem = _placement_problem(pod, pools, launch=True)
+        mig = [r for r in pod.extended_resources if r.startswith("nvidia.com/mig-")]
+        if mig and not moment.after.overlay_gate:
+            problem += " (Karpenter's nodeOverlay feature gate is off, so no NodeOverlay counts)"
+        elif mig:
+            problem += f" (no NodeOverlay gives {', '.join(mig)} to the pool; overlays: " \
+                       f"{', '.join(moment.after.overlays) or 'none'})"
+        return f"{pod.name} stays Pending, Karpenter launches no node for it: {problem}"
+    return None
+
+
+# With the `enqueue` action, Volcano admits a PodGroup only into resources the cluster has now (proportion's
+# queue capacity and overcommit's idle x factor); a job for a pool at zero stays Pending, its pods are never
+# created, and no autoscaler sees them (volcano-sh/volcano issue 3910).
+def gang_admitted(record: ResourceRecord, moment: Moment) -> str | None:
+    scheduler = moment.after.scheduler
+    if scheduler is None:
+        return "no Volcano scheduler is installed to run this job"
+    if "enqueue" not in scheduler.actions or not scheduler.plugins & {"proportion", "overcommit"}:
+        return None
+    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
+    wanted: dict[str, float] = {}
+    for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
+        for resource, amount in pod.requests.items():
+            wanted[resource] = wanted.get(resource, 0.0) + amount
+    present: dict[str, float] = {}
+    for pool in ready_pools(moment.after):
+        for resource, amount in (pool.offers[0].resources if pool.offers else {}).items():
+            present[resource] = present.get(resource, 0.0) + amount * pool.nodes
+    short = sorted(r for r, amount in wanted.items() if amount > present.get(r, 0.0) * scheduler.overcommit_factor)
+    if not short:
+        return None
+    return (f"the scheduler's enqueue action keeps its PodGroup Pending: {', '.join(short)} are not in the "
+            f"cluster until Karpenter adds nodes, and no pod is created for Karpenter to see")
+
+
+# A queue marked reclaimable gives resources back only through the `reclaim` action (volcano.sh docs, "Actions":
+# reclaim); without it the flag promises something the scheduler never does.
+def reclaim_configured(record: ResourceRecord, moment: Moment) -> str | None:
+    if not lookup(record.inputs, "spec.reclaimable"):
+        return None
+    scheduler = moment.after.scheduler
+    if scheduler is not None and "reclaim" not in scheduler.actions:
+        return "the queue is reclaimable but the scheduler runs no reclaim action"
+    return None
+
+
+def _dataset(record: ResourceRecord, moment: Moment) -> Mapping[str, Any]:
+    namespace = lookup(record.inputs, "metadata.namespace")
+    name = lookup(record.inputs, "metadata.name")
+    for other in moment.records.values():
+        if other.type == DATASET and lookup(other.inputs, "metadata.name") == name and \
+                lookup(other.inputs, "metadata.namespace") == namespace:
+            return lookup(other.inputs, "spec", {}) or {}
+    return {}
+
+
+# Fluid places an AlluxioRuntime's cache workers by the runtime's worker nodeSelector and its Dataset's
+# nodeAffinity and tolerations (fluid docs, "Dataset placement"). A worker that can only land on a GPU pool makes
+# Karpenter launch GPU nodes for the cache alone, and WhenEmpty consolidation never reclaims a node that runs a
+# non-DaemonSet pod (karpenter.sh/docs/concepts/disruption, "Consolidation").
+def cache_off_gpu_nodes(record: ResourceRecord, moment: Moment) -> str | None:
+    spec = lookup(record.inputs, "spec", {}) or {}
+    replicas = int(spec.get("replicas", 1) or 0)
+    if replicas == 0:
+        return None
+    dataset = _dataset(record, moment)
+    worker = pod_needs(f"{record.name} worker", {
+        "nodeSelector": lookup(spec, "worker.nodeSelector", {}),
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                      lookup(dataset, "nodeAffinity.required")}} if dataset.get("nodeAffinity") else {},
+        "tolerations": [*(dataset.get("tolerations") or ()), *(lookup(spec, "worker.tolerations", ()) or ())],
+    })
+    ready = ready_pools(moment.after)
+    pools = [p for p in ready if admits(worker, p)]
+    if not pools:
+        return f"its {replicas} cache workers fit no node pool ({_placement_problem(worker, ready, launch=True)})"
+    if all(p.has_accelerators for p in pools):
+        names = ", ".join(p.name for p in pools)
+        return (f"its {replicas} cache workers can only run on GPU pools ({names}): Karpenter launches GPU nodes "
+                f"for the cache alone and WhenEmpty consolidation never reclaims them")
+    return None
+
+
+def _is(*types: str) -> Callable[[ResourceRecord], bool]:
+    return lambda record: record.type in types
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("node-needs-cni", _is(NODE_GROUP), node_group_needs_cni,
+         "terraform-aws-modules/terraform-aws-eks issues 3160, 3446, 3525; Cilium EKS install guide"),
+    Rule("addon-needs-nodes", _is(EKS_ADDON), addon_needs_nodes,
+         "terraform-provider-aws eks addon waitAddonCreated (ACTIVE); EKS add-on health DEGRADED"),
+    Rule("crd-installed", is_custom_resource, crd_installed,
+         "Kubernetes API: no matches for kind; Cilium operator registers Cilium CRDs"),
+    Rule("release-needs-nodes", _is(RELEASE), release_needs_nodes,
+         "pulumi-kubernetes Release (atomic disables skipAwait); helm install --wait"),
+    Rule("release-volumes-bind", _is(RELEASE), release_volumes_bind,
+         "Kubernetes dynamic provisioning: a claim waits for its class's provisioner"),
+    Rule("ceph-has-osds", _is(RELEASE), ceph_has_osds, "Rook ceph-cluster-crd doc: storage selection, mon count"),
+    Rule("claim-binds", _is(PVC), claim_binds,
+         "pulumi-kubernetes PVC await (Bound; issue 895); Rook ceph-cluster-crd / ceph-pool-crd"),
+    Rule("gang-admitted", _is(VOLCANO_JOB), gang_admitted, "volcano-sh/volcano issue 3910"),
+    Rule("karpenter-can-launch", _is(VOLCANO_JOB), karpenter_can_launch,
+         "Karpenter scheduling docs; aws/karpenter-provider-aws PR 8710 (NodeOverlay)"),
+    Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
+    Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
+         "Karpenter disruption docs (WhenEmpty); Fluid dataset placement"),
+)

@@ -1,0 +1,284 @@
+"""Each readiness rule on tiny synthetic records: the smallest cluster that passes, and one change that fails."""
+
+from __future__ import annotations
+
+import pytest
+from rehearsal_records import (
+    GPU_TAINT,
+    NODE_OVERLAY,
+    PVC,
+    cilium,
+    cluster,
+    gpu_pod,
+    job,
+    karpenter_pool,
+    node_group,
+    rec,
+    recording,
+    release,
+)
+from trainyard.plan.cluster_model import Taint, Toleration, quantity
+from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rehearse import Finding, creation_order, rehearse
+
+ROOK_VALUES = {
+    "cephClusterSpec": {
+        "storage": {"useAllNodes": True, "useAllDevices": False, "deviceFilter": "^nvme[1-9]n1$"},
+        "placement": {
+            "osd": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "trainyard.io/role", "operator": "In", "values": ["storage"]}]}]}},
+                "tolerations": [{"key": "trainyard.io/role", "operator": "Exists"}]}},
+        "mon": {"count": 3}},
+    "cephFileSystems": [{"name": "fs", "spec": {"metadataPool": {"replicated": {"size": 3}},
+                                                "dataPools": [{"replicated": {"size": 3}}]},
+                         "storageClass": {"enabled": True, "name": "ceph-filesystem"}}],
+}
+STORAGE_TAINT = {"key": "trainyard.io/role", "value": "storage", "effect": "NO_SCHEDULE"}
+
+
+def findings(*records: ResourceRecord) -> list[Finding]:
+    return list(rehearse(recording(*records)).findings)
+
+
+def launch_problems(*records: ResourceRecord) -> list[Finding]:
+    """Only what Karpenter's rule says (these records leave out Volcano, which other rules would report)."""
+    return [f for f in findings(*records) if f.rule == "karpenter-can-launch"]
+
+
+def rules_of(*records: ResourceRecord) -> list[tuple[str, str]]:
+    return [(f.rule, f.name) for f in findings(*records)]
+
+
+def base() -> tuple[ResourceRecord, ...]:
+    """EKS without aws-node, Cilium first (no wait), then a system node group: the order that converges."""
+    eks = cluster()
+    cni = cilium(eks)
+    return eks, cni, node_group("system", eks, cni)
+
+
+def storage(*after: ResourceRecord, nodes: int = 3) -> tuple[ResourceRecord, ...]:
+    group = node_group("storage", *after, instance="i4i.8xlarge", nodes=nodes, taints=[STORAGE_TAINT])
+    operator = release("rook", "rook-ceph", {"nodeSelector": {"trainyard.io/role": "system"}}, *after)
+    ceph = release("ceph", "rook-ceph-cluster", ROOK_VALUES, operator, group, skip_await=True, atomic=False)
+    return group, operator, ceph
+
+
+# ------------------------------------------------------------------------------------------- model helpers
+
+
+def test_quantities() -> None:
+    assert quantity("500m") == 0.5
+    assert quantity("64Gi") == 64 * 2**30
+    assert quantity(8) == 8
+    with pytest.raises(ValueError):
+        quantity("8 GPUs")
+
+
+def test_tolerations() -> None:
+    taint = Taint.of(GPU_TAINT)
+    assert Toleration("nvidia.com/gpu", "Exists").tolerates(taint)
+    assert Toleration(operator="Exists").tolerates(taint)
+    assert not Toleration("nvidia.com/gpu", "Equal", "false").tolerates(taint)
+    assert not Toleration("nvidia.com/gpu", "Exists", effect="NoExecute").tolerates(taint)
+    assert Taint.of(STORAGE_TAINT).effect == "NoSchedule"
+
+
+def test_creation_order_waits_for_dependencies_parents_and_component_children() -> None:
+    component = rec("trainyard:cloud:Thing", "thing", custom=False)
+    child = rec("aws:s3/bucket:Bucket", "child", parent=component)
+    first = rec("aws:s3/bucket:Bucket", "a-first")
+    needs_component = rec("aws:s3/bucket:Bucket", "a-needs", deps=(component,))
+    order, closure = creation_order([needs_component, child, component, first])
+    names = [r.name for r in order]
+    assert names.index("child") < names.index("a-needs")
+    assert child.urn in closure[needs_component.urn]
+    assert first.urn not in closure[needs_component.urn]
+
+
+def test_a_dependency_cycle_is_refused() -> None:
+    a = rec("aws:s3/bucket:Bucket", "a")
+    b = rec("aws:s3/bucket:Bucket", "b", deps=(a,))
+    with pytest.raises(ValueError, match="cycle"):
+        creation_order([rec("aws:s3/bucket:Bucket", "a", deps=(b,)), b])
+
+
+def test_the_converging_base_passes() -> None:
+    assert findings(*base()) == []
+
+
+# ------------------------------------------------------------------------------------------------- rules
+
+
+def test_node_group_before_any_cni_fails() -> None:
+    eks = cluster()
+    assert rules_of(eks, node_group("system", eks), cilium(eks)) == [("node-needs-cni", "system-group")]
+    # EKS's own vpc-cni (bootstrapSelfManagedAddons left on) is a CNI.
+    bootstrapped = cluster(bootstrap=True)
+    assert findings(bootstrapped, node_group("system", bootstrapped)) == []
+
+
+def test_a_waiting_cni_release_before_the_nodes_hangs() -> None:
+    eks = cluster()
+    cni = cilium(eks, skip_await=False)
+    problems = findings(eks, cni, node_group("system", eks, cni))
+    assert [(f.rule, f.name) for f in problems] == [("release-needs-nodes", "cilium")]
+    assert "cilium-operator" in problems[0].problem and "no Ready node" in problems[0].problem
+
+
+def test_a_release_whose_pods_fit_no_pool_hangs() -> None:
+    eks, cni, system = base()
+    tainted = node_group("storage", eks, cni, taints=[STORAGE_TAINT])
+    selector = {"nodeSelector": {"trainyard.io/role": "storage"}}
+    stuck = release("adapter", "prometheus-adapter", selector, tainted)
+    problem = findings(eks, cni, system, tainted, stuck)
+    assert [(f.rule, f.name) for f in problem] == [("release-needs-nodes", "adapter")]
+    assert "taint trainyard.io/role=storage:NoSchedule not tolerated" in problem[0].problem
+    tolerated = release("adapter", "prometheus-adapter", selector | {"tolerations": [
+        {"key": "trainyard.io/role", "operator": "Exists"}]}, tainted)
+    assert findings(eks, cni, system, tainted, tolerated) == []
+
+
+def test_anti_affinity_replicas_need_distinct_nodes() -> None:
+    eks = cluster()
+    cni = cilium(eks)
+    one_node = node_group("system", eks, cni, nodes=1)
+    karpenter = release("karpenter", "oci://public.ecr.aws/karpenter/karpenter",
+                        {"nodeSelector": {"trainyard.io/role": "system"}}, one_node)
+    assert rules_of(eks, cni, one_node, karpenter) == [("release-needs-nodes", "karpenter")]
+
+
+def test_a_chart_without_a_pod_model_is_reported() -> None:
+    eks, cni, system = base()
+    assert rules_of(eks, cni, system, release("x", "some-new-chart", {}, system)) == [
+        ("release-needs-nodes", "x")]
+    assert findings(eks, cni, system, release("x", "some-new-chart", {}, system, atomic=False,
+                                             skip_await=True)) == []
+
+
+def test_a_claim_on_ceph_created_before_ceph_never_binds() -> None:
+    eks, cni, system = base()
+    group, operator, ceph = storage(system)
+    claim = rec(PVC, "ckpt", {"spec": {"storageClassName": "ceph-filesystem"}}, (system,))
+    problem = findings(eks, cni, system, group, operator, ceph, claim)
+    assert [(f.rule, f.name) for f in problem] == [("claim-binds", "ckpt")]
+    assert "does not exist yet" in problem[0].problem
+    ordered = rec(PVC, "ckpt", {"spec": {"storageClassName": "ceph-filesystem"}}, (ceph,))
+    assert findings(eks, cni, system, group, operator, ceph, ordered) == []
+
+
+def test_rook_without_osd_hosts_serves_nothing() -> None:
+    eks, cni, system = base()
+    group, operator, ceph = storage(system)
+    no_nodes = dict(ROOK_VALUES, cephClusterSpec=dict(ROOK_VALUES["cephClusterSpec"], storage={
+        "useAllNodes": False, "useAllDevices": False, "deviceFilter": "^nvme[1-9]n1$"}))
+    broken = release("ceph", "rook-ceph-cluster", no_nodes, operator, group, skip_await=True, atomic=False)
+    claim = rec(PVC, "ckpt", {"spec": {"storageClassName": "ceph-filesystem"}}, (broken,))
+    problems = findings(eks, cni, system, group, operator, broken, claim)
+    assert [(f.rule, f.name) for f in problems] == [("ceph-has-osds", "ceph"), ("claim-binds", "ckpt")]
+    assert "Rook creates no OSD" in problems[1].problem
+
+
+def test_replica_size_above_the_osd_hosts_never_binds() -> None:
+    eks, cni, system = base()
+    group, operator, ceph = storage(system, nodes=2)
+    claim = rec(PVC, "ckpt", {"spec": {"storageClassName": "ceph-filesystem"}}, (ceph,))
+    problems = findings(eks, cni, system, group, operator, ceph, claim)
+    assert [(f.rule, f.name) for f in problems] == [("claim-binds", "ckpt")]
+    assert "replica size 3 exceeds the 2 OSD host(s)" in problems[0].problem
+
+
+def _karpenter(*after: ResourceRecord, gate: bool = True) -> ResourceRecord:
+    values = {"nodeSelector": {"trainyard.io/role": "system"}, "settings": {"featureGates": {"nodeOverlay": gate}}}
+    return release("karpenter", "karpenter", values, *after)
+
+
+def test_a_mig_job_needs_a_node_overlay_and_the_gate() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("mig", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    mig_job = job("eval", gpu_pod("mig", {"nvidia.com/mig-2g.20gb": "1"}), pool)
+    no_overlay = launch_problems(eks, cni, system, karpenter, node_class, pool, mig_job)
+    assert [f.name for f in no_overlay] == ["eval"] and "mig: no instance type offers" in no_overlay[0].problem
+    overlay = rec(NODE_OVERLAY, "mig-overlay", {"spec": {
+        "requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["mig"]}],
+        "capacity": {"nvidia.com/mig-2g.20gb": "24"}}}, (karpenter,))
+    assert launch_problems(eks, cni, system, karpenter, node_class, pool, overlay, mig_job) == []
+    gate_off = _karpenter(system, gate=False)
+    off = launch_problems(eks, cni, system, gate_off, node_class, pool, overlay, mig_job)
+    assert len(off) == 1 and "feature gate is off" in off[0].problem
+
+
+def test_a_gpu_job_must_tolerate_its_pools_taint() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    untolerant = job("train", gpu_pod("h100", {"nvidia.com/gpu": "8"}, tolerate=False), pool)
+    problem = launch_problems(eks, cni, system, karpenter, node_class, pool, untolerant)
+    assert len(problem) == 1 and "taint nvidia.com/gpu=true:NoSchedule not tolerated" in problem[0].problem
+    too_big = job("train", gpu_pod("h100", {"vpc.amazonaws.com/efa": "64"}), pool)
+    assert "no instance type offers vpc.amazonaws.com/efa" in launch_problems(
+        eks, cni, system, karpenter, node_class, pool, too_big)[0].problem
+
+
+def _volcano(actions: str, *after: ResourceRecord) -> ResourceRecord:
+    conf = f'actions: "{actions}"\ntiers:\n- plugins:\n  - name: gang\n  - name: proportion\n'
+    return release("volcano", "volcano", {"custom": {"scheduler_config_override": conf,
+                                                     "default_ns": {"trainyard.io/role": "system"}}}, *after)
+
+
+def test_enqueue_keeps_a_gang_for_an_empty_gpu_pool_pending() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    gpu_job = gpu_pod("h100", {"nvidia.com/gpu": "8"})
+    enqueue = _volcano("enqueue, allocate, backfill", system)
+    assert rules_of(eks, cni, system, karpenter, node_class, pool, enqueue, job("train", gpu_job, enqueue)) == [
+        ("gang-admitted", "train")]
+    allocate = _volcano("allocate, backfill", system)
+    assert findings(eks, cni, system, karpenter, node_class, pool, allocate, job("train", gpu_job, allocate)) == []
+
+
+def test_a_reclaimable_queue_needs_the_reclaim_action() -> None:
+    eks, cni, system = base()
+    queue_type = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+    for actions, expected in (("allocate, backfill", [("reclaim-configured", "q")]),
+                              ("allocate, backfill, reclaim", [])):
+        volcano = _volcano(actions, system)
+        queue = rec(queue_type, "q", {"spec": {"reclaimable": True}}, (volcano,))
+        assert rules_of(eks, cni, system, volcano, queue) == expected
+
+
+def test_cache_workers_only_placeable_on_gpu_pools_are_reported() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, labels={"trainyard.io/role": "gpu"},
+                                      taints=[GPU_TAINT])
+    fluid = release("fluid", "fluid", {}, system)
+    runtime_type = "kubernetes:data.fluid.io/v1alpha1:AlluxioRuntime"
+    on_gpu = rec(runtime_type, "cache", {"metadata": {"name": "data", "namespace": "d"}, "spec": {
+        "replicas": 2, "worker": {"nodeSelector": {"trainyard.io/role": "gpu"}},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}, (fluid,))
+    dataset = rec("kubernetes:data.fluid.io/v1alpha1:Dataset", "data", {
+        "metadata": {"name": "data", "namespace": "d"},
+        "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}, (fluid,))
+    everything = (eks, cni, system, karpenter, node_class, pool, fluid, dataset)
+    assert rules_of(*everything, on_gpu) == [("cache-off-gpu-nodes", "cache")]
+    on_system = rec(runtime_type, "cache", {"metadata": {"name": "data", "namespace": "d"}, "spec": {
+        "replicas": 2, "worker": {"nodeSelector": {"trainyard.io/role": "system"}}}}, (fluid,))
+    assert findings(*everything, on_system) == []
+
+
+def test_a_custom_resource_needs_its_crd_chart_first() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    early = rec("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", "early", {"metadata": {"name": "x"}}, (system,))
+    assert rules_of(eks, cni, system, karpenter, early) == [("crd-installed", "early")]
+
+
+def test_coredns_before_any_ready_node_degrades() -> None:
+    eks = cluster()
+    coredns = rec("aws:eks/addon:Addon", "coredns", {"addonName": "coredns"}, (eks,))
+    pod_identity = rec("aws:eks/addon:Addon", "pia", {"addonName": "eks-pod-identity-agent"}, (eks,))
+    cni = cilium(eks)
+    assert rules_of(eks, coredns, pod_identity, cni, node_group("system", eks, cni)) == [
+        ("addon-needs-nodes", "coredns")]

@@ -1,0 +1,239 @@
+"""Every stack's `pulumi up` rehearses clean, and each bring-up defect of issue 9, put back, is named.
+
+A defect is put back on the rendered recording the way the old code produced it (a dependency the old code
+lacked, a value it set), so each test keeps working whatever shape the fix took.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainyard.plan.chart_pods import chart_name, lookup
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.rehearse import Finding, creation_order, rehearse
+from trainyard.plan.runtime import available_stacks, read_stack, render
+
+ROOT = Path(__file__).resolve().parents[2]
+Match = Callable[[ResourceRecord], bool]
+
+
+@functools.cache
+def rendered(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+def fresh(stack: str) -> Recording:
+    return Recording(resources=list(rendered(stack).resources))
+
+
+def of_type(suffix: str) -> Match:
+    return lambda r: r.type.endswith(suffix)
+
+
+def release_of(chart: str) -> Match:
+    return lambda r: r.type == "kubernetes:helm.sh/v3:Release" and chart_name(str(r.inputs.get("chart"))) == chart
+
+
+def edit(recording: Recording, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
+    """Change the inputs of every matching record (on a copy)."""
+    resources, matched = [], 0
+    for record in recording.resources:
+        if match(record):
+            matched += 1
+            inputs = copy.deepcopy(record.inputs)
+            change(inputs)
+            record = replace(record, inputs=inputs)
+        resources.append(record)
+    assert matched, "the edit matched nothing"
+    return Recording(resources=resources)
+
+
+def drop(recording: Recording, match: Match) -> Recording:
+    return Recording(resources=[r for r in recording.resources if not match(r)])
+
+
+def cut(recording: Recording, who: Match, what: Match) -> Recording:
+    """Remove every dependency through which a `who` record (or a component above it) waits on a `what` record."""
+    by_urn = recording.by_urn()
+    _, closure = creation_order(recording.resources)
+    children: dict[str, list[str]] = {}
+    for r in recording.resources:
+        if r.parent:
+            children.setdefault(r.parent, []).append(r.urn)
+
+    def reaches(urn: str) -> bool:
+        pending, seen = [urn], set()
+        while pending:
+            current = pending.pop()
+            if current in seen or current not in by_urn:
+                continue
+            seen.add(current)
+            if what(by_urn[current]):
+                return True
+            pending += closure[current]
+            if not by_urn[current].custom:
+                pending += children.get(current, [])
+        return False
+
+    targets: set[str] = set()
+    for record in recording.resources:
+        if who(record):
+            current: str | None = record.urn
+            while current in by_urn:
+                targets.add(current)
+                current = by_urn[current].parent
+    resources = [replace(r, depends_on=tuple(d for d in r.depends_on if not reaches(d))) if r.urn in targets else r
+                 for r in recording.resources]
+    return Recording(resources=resources)
+
+
+def named(findings: tuple[Finding, ...], rule: str, match: Match, recording: Recording) -> list[Finding]:
+    by_urn = recording.by_urn()
+    return [f for f in findings if f.rule == rule and match(by_urn[f.urn])]
+
+
+# -------------------------------------------------------------------------------------------- every stack
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_every_stack_rehearses_clean(stack: str) -> None:
+    result = rehearse(rendered(stack))
+    assert result.passed, "\n".join(str(f) for f in result.findings)
+    assert result.order and result.checks
+
+
+def test_the_rehearsal_is_deterministic() -> None:
+    first, second = rehearse(render(read_stack("prod"))), rehearse(rendered("prod"))
+    assert first == second
+
+
+def test_cli_rehearse_exits_1_exactly_when_the_rehearsal_fails(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.local.yaml").write_text((ROOT / "stacks" / "Pulumi.local.yaml").read_text())
+    run = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "local", "--quiet", "--rehearse",
+                          "--stacks-dir", str(stacks)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = rehearse(rendered("local"))
+    assert run.returncode == (0 if result.passed else 1), run.stdout + run.stderr
+    if result.passed:
+        assert "Rehearsal of `pulumi up` for local: converges" in run.stdout
+    else:
+        assert f"First resource that would hang or fail:\n  {result.findings[0]}" in run.stdout
+
+
+# --------------------------------------------------------------------------------- issue 9, put back one by one
+
+
+def test_item_1_node_groups_before_the_cni_are_named_first() -> None:
+    old = cut(fresh("prod"), of_type("eks/nodeGroup:NodeGroup"), release_of("cilium"))
+    findings = rehearse(old).findings
+    assert findings and findings[0].rule == "node-needs-cni", findings[:1]
+    assert {f.name for f in named(findings, "node-needs-cni", of_type("NodeGroup"), old)} >= {
+        "system-group", "storage-group"}
+
+
+def test_item_1_a_cilium_release_that_waits_for_pods_is_named() -> None:
+    def waits(inputs: dict[str, Any]) -> None:
+        inputs["atomic"] = True
+        inputs.pop("skipAwait", None)
+
+    old = edit(fresh("prod"), release_of("cilium"), waits)
+    found = named(rehearse(old).findings, "release-needs-nodes", release_of("cilium"), old)
+    assert found and "cilium-operator" in found[0].problem
+
+
+def test_item_3_rook_selecting_no_node_is_named() -> None:
+    def no_nodes(inputs: dict[str, Any]) -> None:
+        storage = inputs["values"]["cephClusterSpec"]["storage"]
+        for key in ("nodes", "storageClassDeviceSets"):
+            storage.pop(key, None)
+        storage["useAllNodes"] = False
+
+    old = edit(fresh("prod"), release_of("rook-ceph-cluster"), no_nodes)
+    found = named(rehearse(old).findings, "ceph-has-osds", release_of("rook-ceph-cluster"), old)
+    assert found and "Rook creates no OSD" in found[0].problem
+
+
+def test_item_4_checkpoint_claims_racing_ceph_are_named() -> None:
+    is_ceph = release_of("rook-ceph-cluster")
+    old = cut(fresh("prod"), of_type("core/v1:PersistentVolumeClaim"), is_ceph)
+    found = named(rehearse(old).findings, "claim-binds", of_type("PersistentVolumeClaim"), old)
+    assert {f.name for f in found} >= {"pretrain-h100-checkpoints", "eval-mig-checkpoints"}
+    assert all("pulumi up waits for it" in f.problem for f in found)
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_item_5_mig_pools_without_a_node_overlay_are_named(stack: str) -> None:
+    old = drop(fresh(stack), of_type(":NodeOverlay"))
+    found = named(rehearse(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
+    assert found and all("nvidia.com/mig-" in f.problem for f in found)
+
+
+def test_item_5_the_node_overlay_feature_gate_off_is_named() -> None:
+    def gate_off(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("settings", {}).setdefault("featureGates", {})["nodeOverlay"] = False
+
+    old = edit(fresh("prod"), release_of("karpenter"), gate_off)
+    found = named(rehearse(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
+    assert found and "feature gate is off" in found[0].problem
+
+
+def _set_actions(actions: str) -> Callable[[dict[str, Any]], None]:
+    def change(inputs: dict[str, Any]) -> None:
+        custom = inputs["values"].setdefault("custom", {})
+        text = str(custom.get("scheduler_config_override") or "")
+        lines = [line for line in text.splitlines() if not line.startswith("actions:")]
+        custom["scheduler_config_override"] = "\n".join([f'actions: "{actions}"', *lines]) + "\n"
+    return change
+
+
+def test_item_6_enqueue_before_gpu_pools_scale_is_named() -> None:
+    old = edit(fresh("prod"), release_of("volcano"), _set_actions("enqueue, allocate, backfill"))
+    found = named(rehearse(old).findings, "gang-admitted", of_type("volcano.sh/v1alpha1:Job"), old)
+    assert {f.name for f in found} >= {"pretrain-h100", "finetune-h200"}
+
+
+def test_item_6_reclaimable_queues_without_reclaim_are_named() -> None:
+    old = edit(fresh("prod"), release_of("volcano"), _set_actions("allocate, backfill"))
+    found = named(rehearse(old).findings, "reclaim-configured", lambda r: "Queue" in r.type, old)
+    reclaimable = [r for r in old.resources if "Queue" in r.type and lookup(r.inputs, "spec.reclaimable")]
+    assert reclaimable, "no reclaimable queue left to check"
+    assert len(found) == len(reclaimable)
+
+
+def test_item_9_cache_workers_pinned_to_gpu_nodes_are_named() -> None:
+    gpu_only = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "trainyard.io/role", "operator": "In", "values": ["gpu"]}]}]}
+
+    def on_gpu_runtime(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["replicas"] = 9
+        inputs["spec"].setdefault("worker", {})["nodeSelector"] = {"trainyard.io/role": "gpu"}
+
+    def on_gpu_dataset(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["nodeAffinity"] = {"required": gpu_only}
+        inputs["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+    old = edit(fresh("prod"), of_type(":AlluxioRuntime"), on_gpu_runtime)
+    old = edit(old, lambda r: r.type.endswith(":Dataset") and not str(
+        lookup(r.inputs, "spec.mounts", [{}])[0].get("mountPoint", "")).startswith("dataset://"), on_gpu_dataset)
+    found = named(rehearse(old).findings, "cache-off-gpu-nodes", of_type(":AlluxioRuntime"), old)
+    assert found and "GPU pools" in found[0].problem
+
+
+def test_item_15_prometheus_on_ceph_is_named() -> None:
+    def on_ceph(inputs: dict[str, Any]) -> None:
+        spec = inputs["values"].setdefault("prometheus", {}).setdefault("prometheusSpec", {})
+        spec["storageSpec"] = {"volumeClaimTemplate": {"spec": {"storageClassName": "ceph-block",
+                                                                "resources": {"requests": {"storage": "500Gi"}}}}}
+
+    old = edit(fresh("prod"), release_of("kube-prometheus-stack"), on_ceph)
+    found = named(rehearse(old).findings, "release-volumes-bind", release_of("kube-prometheus-stack"), old)
+    assert found and "ceph-block" in found[0].problem
