@@ -282,3 +282,18 @@ def test_coredns_before_any_ready_node_degrades() -> None:
     cni = cilium(eks)
     assert rules_of(eks, coredns, pod_identity, cni, node_group("system", eks, cni)) == [
         ("addon-needs-nodes", "coredns")]
+
+
+def test_pod_identity_behind_a_default_deny_needs_the_host_entity() -> None:
+    eks, cni, system = base()
+    association = rec("aws:eks/podIdentityAssociation:PodIdentityAssociation", "trainer",
+                      {"namespace": "research", "serviceAccount": "trainer"}, (eks,))
+    old_rule = {"toCIDR": ["169.254.170.23/32"], "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]}
+    new_rule = {"toEntities": ["host"], "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]}
+
+    def policy(rule: dict[str, object]) -> ResourceRecord:
+        return rec("kubernetes:cilium.io/v2:CiliumNetworkPolicy", "deny", {
+            "metadata": {"namespace": "research"}, "spec": {"egress": [{"toEndpoints": [{}]}, rule]}}, (system,))
+
+    assert rules_of(eks, cni, system, association, policy(old_rule)) == [("pod-identity-reachable", "deny")]
+    assert findings(eks, cni, system, association, policy(new_rule)) == []

@@ -237,3 +237,14 @@ def test_item_15_prometheus_on_ceph_is_named() -> None:
     old = edit(fresh("prod"), release_of("kube-prometheus-stack"), on_ceph)
     found = named(rehearse(old).findings, "release-volumes-bind", release_of("kube-prometheus-stack"), old)
     assert found and "ceph-block" in found[0].problem
+
+
+def test_item_8_pod_identity_allowed_by_cidr_only_is_named() -> None:
+    def by_cidr(inputs: dict[str, Any]) -> None:
+        egress = [rule for rule in inputs["spec"].get("egress") or () if "host" not in (rule.get("toEntities") or ())]
+        egress.append({"toCIDR": ["169.254.170.23/32"], "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]})
+        inputs["spec"]["egress"] = egress
+
+    old = edit(fresh("prod"), of_type("cilium.io/v2:CiliumNetworkPolicy"), by_cidr)
+    found = named(rehearse(old).findings, "pod-identity-reachable", of_type("CiliumNetworkPolicy"), old)
+    assert {lookup(old.by_urn()[f.urn].inputs, "metadata.namespace") for f in found} >= {"research", "foundation"}

@@ -345,6 +345,34 @@ def cache_off_gpu_nodes(record: ResourceRecord, moment: Moment) -> str | None:
     return None
 
 
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+CILIUM_POLICY = "kubernetes:cilium.io/v2:CiliumNetworkPolicy"
+POD_IDENTITY_PORT = "80"  # the agent serves credentials on 169.254.170.23:80 (EKS docs, "EKS Pod Identity")
+
+
+def _allows_host(rule: Mapping[str, Any]) -> bool:
+    if not {"host", "all"} & set(rule.get("toEntities") or ()):
+        return False
+    ports = [p for to in rule.get("toPorts") or () for p in to.get("ports") or ()]
+    return not ports or any(str(p.get("port")) == POD_IDENTITY_PORT for p in ports)
+
+
+# The pod identity agent listens on the node (hostNetwork) at 169.254.170.23, which Cilium classifies as the
+# `host` entity, so a toCIDR rule for that address never matches and a default-deny egress policy drops the
+# credential fetch; allow it with toEntities: [host] (cilium/cilium issue 34387).
+def pod_identity_reachable(record: ResourceRecord, moment: Moment) -> str | None:
+    egress = lookup(record.inputs, "spec.egress")
+    namespace = lookup(record.inputs, "metadata.namespace")
+    if not egress:  # a policy without egress rules leaves egress open
+        return None
+    users = sorted(str(r.inputs.get("serviceAccount")) for r in moment.records.values()
+                   if r.type == POD_IDENTITY and r.inputs.get("namespace") == namespace)
+    if not users or any(_allows_host(rule) for rule in egress):
+        return None
+    return (f"pods of {namespace} with EKS Pod Identity ({', '.join(users)}) cannot fetch credentials: egress to "
+            f"169.254.170.23:{POD_IDENTITY_PORT} is the Cilium `host` entity and no rule allows toEntities host")
+
+
 def _is(*types: str) -> Callable[[ResourceRecord], bool]:
     return lambda record: record.type in types
 
@@ -367,6 +395,7 @@ RULES: tuple[Rule, ...] = (
     Rule("karpenter-can-launch", _is(VOLCANO_JOB), karpenter_can_launch,
          "Karpenter scheduling docs; aws/karpenter-provider-aws PR 8710 (NodeOverlay)"),
     Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
+    Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
          "Karpenter disruption docs (WhenEmpty); Fluid dataset placement"),
 )
