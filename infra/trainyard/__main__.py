@@ -9,6 +9,7 @@ hang or fail.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -18,14 +19,17 @@ from pathlib import Path
 
 from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
+from trainyard.config.yaml_input import InputError
 from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan import graph, report
 from trainyard.plan import rehearse as rehearsal
 from trainyard.plan.capacity import pool_capacity
-from trainyard.plan.diff import default_base, diff_against, format_diff
+from trainyard.plan.diff import default_base, diff_against, format_diff, resolve_ref
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
-from trainyard.plan.writers import write_plan
+from trainyard.plan.writers import check_out, write_plan
+
+GRAPH_SUFFIXES = (".dot", ".mmd")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     plan.add_argument("--out", type=Path, help="write resources.json, manifests/ and helm/ here")
     plan.add_argument("--quiet", action="store_true", help="print only the summary, not the tree")
-    plan.add_argument("--graph", type=Path, help="write the dependency graph here (.dot: Graphviz, else Mermaid)")
+    plan.add_argument("--graph", type=Path, help="write the dependency graph here (.dot: Graphviz, .mmd: Mermaid)")
     plan.add_argument("--rehearse", action="store_true",
                       help="rehearse `pulumi up`: exit 1 naming the first resource that would hang or fail")
     diff = commands.add_parser("diff", help="compare stacks rendered at the working tree and at a git ref")
@@ -45,14 +49,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     diff.add_argument("--stack", action="append", dest="stacks", help="repeatable; default: every stack")
     diff.add_argument("--format", choices=("markdown", "text"), default="text")
     args = parser.parse_args(argv)
-    if args.command == "diff":
-        return _diff(args.base, args.stacks or available_stacks(), args.format)
-    return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
+    try:
+        if args.command == "diff":
+            return _diff(args.base, args.stacks, args.format)
+        return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
+    except (InputError, ConfigError) as error:
+        # Bad input is the user's to fix: one message, no traceback, exit 2 (as argparse does for bad options).
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
-def _diff(base: str | None, stacks: list[str], fmt: str) -> int:
-    ref = base or default_base(REPO_ROOT)
-    print(format_diff(diff_against(REPO_ROOT, ref, stacks), "markdown" if fmt == "markdown" else "text", ref), end="")
+def _diff(base: str | None, stacks: list[str] | None, fmt: str) -> int:
+    available = available_stacks()
+    for name in stacks or ():
+        if name not in available:
+            raise InputError(f"--stack {name!r}: unknown stack; stacks: {', '.join(available)}")
+    ref = resolve_ref(REPO_ROOT, base) if base is not None else default_base(REPO_ROOT)
+    diffs = diff_against(REPO_ROOT, ref, stacks or available)
+    print(format_diff(diffs, "markdown" if fmt == "markdown" else "text", ref), end="")
     return 0
 
 
@@ -60,13 +74,14 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
           rehearse: bool = False) -> int:
     stack_name = stack.stack
     recording = Recording()
-    try:
-        settings = settings_of(stack)
-        with _progress(stack_name, recording):
-            render(stack, recording=recording)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    # Checked before rendering: a bad destination costs no render, and nothing is half written.
+    if out is not None:
+        check_out(out)
+    if graph_file is not None:
+        _check_writable_file(graph_file, "--graph")
+    settings = settings_of(stack)
+    with _progress(stack_name, recording):
+        render(stack, recording=recording)
     if not quiet:
         print(report.tree(recording, stack_name))
         print()
@@ -77,13 +92,36 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
     if graph_file is not None:
         dependencies = graph.build(recording)
         text = graph.to_dot(dependencies) if graph_file.suffix == ".dot" else graph.to_mermaid(dependencies)
-        graph_file.write_text(text)
+        try:
+            graph_file.write_text(text)
+        except OSError as exc:
+            raise InputError(f"--graph {graph_file}: cannot be written ({exc.strerror or exc})") from None
         print(f"Wrote {graph_file}")
     if rehearse:
         result = rehearsal.rehearse(recording)
         print("\n" + rehearsal.report(result, stack_name))
         return 0 if result.passed else 1
     return 0
+
+
+def _check_writable_file(path: Path, option: str) -> None:
+    """A graph file goes to a new path, or over an earlier graph (same suffix), never over another kind of file."""
+    if path.suffix not in GRAPH_SUFFIXES:
+        raise InputError(f"{option} {path}: name it *.dot (Graphviz) or *.mmd (Mermaid)")
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        raise InputError(f"{option} {path}: is a folder or not a regular file; give a file name")
+    if not path.parent.is_dir():
+        raise InputError(f"{option} {path}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"{option} {path}: not writable")
+    if path.exists() and not _is_graph(path):
+        raise InputError(f"{option} {path}: exists and is not a graph trainyard wrote; nothing was overwritten")
+
+
+def _is_graph(path: Path) -> bool:
+    with path.open("rb") as handle:
+        head = handle.read(32)
+    return head.startswith((b"digraph trainyard {", b"flowchart LR"))
 
 
 @contextmanager

@@ -16,10 +16,12 @@ from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from trainyard import names
 from trainyard.config import rules
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
-from trainyard.paths import TRAINER_CONFIGS_DIR
+from trainyard.paths import REPO_ROOT, TRAINER_CONFIGS_DIR
+from trainyard.platform.catalogue import load_catalogue
 
 # Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
 SECRET_KEYS = ("grafanaAdminPassword",)
@@ -35,7 +37,8 @@ class ConfigError(pulumi.RunError):
 
     def __init__(self, project: str, stack: str, problems: list[rules.Problem]) -> None:
         self.problems = problems
-        lines = [f"  - {project}:{p.path}: {p.message}" for p in problems]
+        lines = [f"  - {p.path if p.path == rules.STACK_NAME else f'{project}:{p.path}'}: {p.message}"
+                 for p in problems]
         noun = "problem" if len(problems) == 1 else "problems"
         super().__init__(f"stack {stack!r} has {len(problems)} configuration {noun}; nothing was created:\n"
                          + "\n".join(lines))
@@ -45,13 +48,16 @@ def load_settings() -> tuple[Settings, Secrets]:
     """The current stack's Settings and Secrets, or ConfigError listing every problem."""
     project, stack = pulumi.get_project(), pulumi.get_stack()
     raw = _raw_config(project)
-    settings = parse_settings(project, stack, raw)
+    settings = parse_settings(project, stack, raw, aws_region=pulumi.Config("aws").get("region"))
     config = pulumi.Config(project)
     return settings, Secrets(grafana_admin_password=config.get_secret("grafanaAdminPassword"))
 
 
-def parse_settings(project: str, stack: str, raw: Mapping[str, Any]) -> Settings:
-    """Validate a stack's `project:*` values (already without the prefix) into Settings."""
+def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region: str | None = None) -> Settings:
+    """Validate a stack's `project:*` values (already without the prefix) into Settings.
+
+    `aws_region`: the stack's `aws:region`, if set (it must agree with `aws.region`).
+    """
     data = {"project": project, "stack": stack, **{k: v for k, v in raw.items() if k not in SECRET_KEYS}}
     try:
         settings = Settings.model_validate(data)
@@ -67,11 +73,18 @@ def parse_settings(project: str, stack: str, raw: Mapping[str, Any]) -> Settings
         bad = {p.path for p in problems}
     else:
         bad = set()
-    problems += [p for p in rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR)
+    problems += [p for p in rules.check(settings, load_mig_catalog(), TRAINER_CONFIGS_DIR,
+                                        platform_namespaces=platform_namespaces(), aws_region=aws_region)
                  if not any(p.path == b or p.path.startswith((f"{b}.", f"{b}[")) for b in bad)]
     if problems:
         raise ConfigError(project, stack, problems)
     return settings
+
+
+def platform_namespaces() -> frozenset[str]:
+    """Namespaces the platform installs into: every release's in the catalogue, and the dataset namespace."""
+    catalogue = load_catalogue(REPO_ROOT)
+    return frozenset({pin.namespace for pin in catalogue.pins.values()} | {names.DATASET_NAMESPACE})
 
 
 def _recoverable(loc: tuple[int | str, ...], error_type: str) -> bool:

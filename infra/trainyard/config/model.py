@@ -11,8 +11,10 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from trainyard.config import name_rules
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
@@ -21,6 +23,9 @@ _IMAGE = re.compile(r"^[a-z0-9.\-/:_]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9_][A-Za-z
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 _ARN_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[\w+=,.@/-]+$")
+# Tag keys 1-128 and values 0-256 characters of letters, digits, spaces and _ . : / = + - @; keys may not start with
+# the reserved `aws:` (https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html#tag-conventions).
+_TAG_TEXT = re.compile(r"^[\w .:/=+\-@]*$")
 
 
 def _dns_label(value: str) -> str:
@@ -50,6 +55,48 @@ def _pinned_image(value: str) -> str:
     return value
 
 
+def _label_value(value: str) -> str:
+    if problem := name_rules.LABEL_VALUE.problem(value):
+        raise ValueError(f"not a valid Kubernetes label value: {problem}")
+    return value
+
+
+def _tag_key(value: str) -> str:
+    if problem := name_rules.tag_key_problem(value):
+        raise ValueError(problem)
+    if not _TAG_TEXT.match(value):
+        raise ValueError(f"{value!r} is not a valid AWS tag key: letters, digits, spaces or _ . : / = + - @")
+    return value
+
+
+def _tag_value(value: str) -> str:
+    if len(value) > 256 or not _TAG_TEXT.match(value):
+        raise ValueError(f"{value!r} is not a valid AWS tag value: at most 256 letters, digits, spaces or "
+                         "_ . : / = + - @")
+    return value
+
+
+def _number_as_text(value: object) -> object:
+    """YAML reads `cpu: 16` as a number; a quantity is the same thing written as text (a bool stays refused)."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _version_as_text(value: object) -> object:
+    """YAML reads `1.34` as a number; it means the version "1.34". `1.30` would read as 1.3, hence the message."""
+    if isinstance(value, float) and not isinstance(value, bool):
+        text = str(value)
+        if text not in KUBERNETES_VERSIONS:
+            raise ValueError(f"{value} (a number in YAML): write the version quoted, one of "
+                             + ", ".join(f"'{v}'" for v in KUBERNETES_VERSIONS))
+        return text
+    return value
+
+
+def _flag_text(value: object) -> object:
+    """The engine hands a top-level `true` over as the text "true"; only those two words are flags."""
+    return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
+
+
 def _relative_path(value: str) -> str:
     parts = value.split("/")
     if not all(_PATH_PART.match(p) and p not in (".", "..") for p in parts):
@@ -66,15 +113,24 @@ def _cidr(value: str) -> str:
 
 
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
-Quantity = Annotated[str, AfterValidator(_quantity)]
+Quantity = Annotated[str, BeforeValidator(_number_as_text), Field(max_length=32), AfterValidator(_quantity)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+TagKey = Annotated[str, AfterValidator(_tag_key)]
+TagValue = Annotated[str, AfterValidator(_tag_value)]
 LabelKey = Annotated[str, AfterValidator(_label_key)]
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
 RelativePath = Annotated[str, AfterValidator(_relative_path)]
 Region = Annotated[str, Field(pattern=_REGION.pattern)]
 PrincipalArn = Annotated[str, Field(pattern=_ARN_PRINCIPAL.pattern)]
-NonNegative = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(gt=0)]
+# Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
+NonNegative = Annotated[int, Field(ge=0, le=100_000)]
+Positive = Annotated[int, Field(gt=0, le=100_000)]
+# Nodes per pool: an EKS managed node group holds at most 450 nodes by default
+# (https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html); Karpenter pools get the same bound.
+NodeCount = Annotated[int, Field(ge=0, le=450)]
+# Kubernetes versions with a node AMI and add-on pins in releases.py.
+KUBERNETES_VERSIONS = ("1.33", "1.34")
 
 Environment = Literal["dev", "staging", "prod", "local"]
 Target = Literal["aws", "local"]
@@ -91,15 +147,20 @@ _ON_DEMAND: tuple[CapacityType, ...] = ("on-demand",)
 class Model(BaseModel):
     """Stack files spell keys in camelCase; unknown keys are rejected, so a typo never passes silently."""
 
+    # strict: no silent coercion (`maxSize: true` is not 1, `efa: "no"` is not a flag); where YAML's reading of a
+    # value differs from its meaning (quantities, versions), a validator converts that one case explicitly.
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, validate_by_name=False,
-                              validate_by_alias=True)
+                              validate_by_alias=True, strict=True)
 
 
 class AwsSettings(Model):
     region: Region
-    availability_zones: list[str] = Field(min_length=1, max_length=6)
-    admin_principal_arns: list[PrincipalArn] = Field(min_length=1)
-    tags: dict[str, str] = Field(default_factory=dict)
+    # An EKS cluster needs subnets in at least two AZs
+    # (https://docs.aws.amazon.com/eks/latest/userguide/network-reqs.html).
+    availability_zones: list[str] = Field(min_length=2, max_length=6)
+    admin_principal_arns: list[PrincipalArn] = Field(min_length=1, max_length=20)
+    # At most 50 user tags per AWS resource (tagging doc above); the program adds two of its own.
+    tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=48)
 
 
 class LocalSettings(Model):
@@ -114,37 +175,45 @@ class NetworkSettings(Model):
     # One NAT gateway is cheap; one per AZ keeps egress up when an AZ fails.
     nat_gateways: Literal["single", "perAz"] = "single"
     # Who may reach the public API endpoint; empty means private endpoint only.
-    public_access_cidrs: list[Cidr] = Field(default_factory=list)
+    public_access_cidrs: list[Cidr] = Field(default_factory=list, max_length=40)
 
 
 class ClusterSettings(Model):
-    kubernetes_version: Literal["1.33", "1.34"] = "1.34"
+    kubernetes_version: Annotated[Literal["1.33", "1.34"], BeforeValidator(_version_as_text)] = "1.34"
     log_types: list[LogType] = Field(default_factory=lambda: list(_DEFAULT_LOG_TYPES))
 
 
 class Taint(Model):
     key: LabelKey
-    value: str = ""
+    value: LabelValue = ""
     effect: TaintEffect = "NoSchedule"
 
 
 class NodePool(Model):
     name: DnsLabel
     role: PoolRole
-    instance_types: list[str] = Field(min_length=1)
+    instance_types: list[str] = Field(min_length=1, max_length=20)
     capacity_types: list[CapacityType] = Field(default_factory=lambda: list(_ON_DEMAND), min_length=1, max_length=2)
-    min_size: NonNegative = 0
+    min_size: NodeCount = 0
     # For GPU pools (Karpenter) this is the planning figure for cost; Karpenter itself has no desired count.
-    desired_size: NonNegative = 0
-    max_size: Positive
-    labels: dict[LabelKey, str] = Field(default_factory=dict)
-    taints: list[Taint] = Field(default_factory=list)
+    # Unset, it is minSize (see _desired_defaults_to_min).
+    desired_size: NodeCount = 0
+    max_size: Annotated[NodeCount, Field(gt=0)]
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=50)
+    taints: list[Taint] = Field(default_factory=list, max_length=50)
     mig_layout: str | None = None
     efa: bool = False
     # A cluster placement group keeps a pool's nodes on one network spine; it needs a single zone.
     placement_group: bool = False
-    zones: list[str] | None = None
+    zones: list[str] | None = Field(default=None, max_length=6)
     root_volume_gib: Annotated[int, Field(ge=20, le=16384)] = 100
+
+    @model_validator(mode="before")
+    @classmethod
+    def _desired_defaults_to_min(cls, data: object) -> object:
+        if isinstance(data, dict) and "desiredSize" not in data and isinstance(data.get("minSize"), int):
+            return {**data, "desiredSize": data["minSize"]}
+        return data
 
 
 class TimeSlicing(Model):
@@ -203,7 +272,7 @@ class BucketSettings(Model):
 
 
 class TenantResources(Model):
-    gpu: NonNegative = 0
+    gpu: Annotated[int, Field(ge=0, le=100_000)] = 0
     cpu: Quantity = "0"
     memory: Quantity = "0"
 
@@ -215,7 +284,8 @@ class TenantQuota(TenantResources):
 class Tenant(Model):
     name: DnsLabel
     namespace: DnsLabel | None = None
-    weight: Positive = 1
+    # Volcano queue weight: a share, not a count; 1000 allows any ratio a platform needs.
+    weight: Annotated[int, Field(gt=0, le=1000)] = 1
     capability: TenantResources = TenantResources()
     quota: TenantQuota | None = None
     default: bool = False
@@ -242,10 +312,11 @@ class Job(Model):
     node_pool: DnsLabel | None = None
     min_nodes: Positive = 1
     max_nodes: Positive = 1
-    gpus_per_node: NonNegative = 0
+    gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 0
     mig_profile: str | None = None
     image: PinnedImage
-    trainer_config: str = "gpt-small.yaml"
+    # The name of a file in workloads/configs/ (checked in rules.py): never a path.
+    trainer_config: Annotated[str, Field(max_length=100)] = "gpt-small.yaml"
     # Token shards (manifest.json + *.bin, see workloads/README.md) under the dataset bucket's prefix, read
     # through Alluxio. Unset: the trainer generates its synthetic corpus on the checkpoint volume.
     dataset: RelativePath | None = None
@@ -272,15 +343,15 @@ class Settings(Model):
     local: LocalSettings | None = None
     network: NetworkSettings = NetworkSettings()
     cluster: ClusterSettings = ClusterSettings()
-    node_pools: list[NodePool] = Field(default_factory=list)
+    node_pools: list[NodePool] = Field(default_factory=list, max_length=30)
     addons: AddonSettings = AddonSettings()
     buckets: BucketSettings = BucketSettings()
-    tenants: list[Tenant] = Field(default_factory=list)
-    workloads: list[Job] = Field(default_factory=list)
+    tenants: list[Tenant] = Field(default_factory=list, max_length=100)
+    workloads: list[Job] = Field(default_factory=list, max_length=200)
     cost: CostSettings = CostSettings()
     # Stateful resources (buckets, KMS keys, the Ceph cluster, checkpoint volumes) are protected, and buckets and
     # keys also retained on delete. Only a non-prod stack may turn this off, to be destroyed with `pulumi destroy`.
-    protect: bool = True
+    protect: Annotated[bool, BeforeValidator(_flag_text)] = True
 
     def pools(self, role: PoolRole) -> list[NodePool]:
         return [p for p in self.node_pools if p.role == role]

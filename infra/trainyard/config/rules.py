@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
+from trainyard.config import name_rules
 from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
-from trainyard.config.model import Job, NodePool, Settings
+from trainyard.config.model import Job, NodePool, Settings, TenantResources
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# The ranges EKS takes a service CIDR from, and its size (serviceIpv4Cidr in
+# https://docs.aws.amazon.com/eks/latest/APIReference/API_KubernetesNetworkConfigRequest.html).
+SERVICE_CIDR_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+SERVICE_CIDR_PREFIXES = range(12, 25)
+# A trainer config is named, never addressed by path: only files directly in workloads/configs/ ship to pods.
+_CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml$")
+# The longest suffixes the cloud layer puts after `trainyard-<stack>-` for each kind of name (cloud/buckets.py,
+# cloud/karpenter.py); the plan tests render a stack with the longest accepted name and check every name.
+ACCOUNT_ID = "123456789012"
+_GENERATED = (
+    (name_rules.s3_bucket_problem, f"checkpoints-{ACCOUNT_ID}"),
+    (name_rules.IAM_ROLE.problem, "karpenter-controller"),
+    (name_rules.EVENTBRIDGE_RULE.problem, "karpenter-capacity-reservation-interruption"),
+    (name_rules.SQS_QUEUE.problem, "karpenter"),
+    (name_rules.EKS_CLUSTER.problem, ""),
+)
+_QUANTITY_UNITS: dict[str, Decimal | int] = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9,
+                                             "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+# A problem with the stack's name rather than one of its keys.
+STACK_NAME = "(stack name)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +46,19 @@ class Problem:
     message: str
 
 
-def check(settings: Settings, mig: MigCatalog, trainer_configs: Path) -> list[Problem]:
-    """Every cross-key problem of a structurally valid stack, in key order."""
-    checks = (_target, _network, _node_pools, _addons, _buckets, _tenants)
+def check(settings: Settings, mig: MigCatalog, trainer_configs: Path, *,
+          platform_namespaces: frozenset[str] = frozenset(), aws_region: str | None = None) -> list[Problem]:
+    """Every cross-key problem of a structurally valid stack, in key order.
+
+    `platform_namespaces`: namespaces the platform installs into (no tenant may take one); `aws_region`: the
+    stack's `aws:region`, when set, which must be the region the program deploys to.
+    """
+    checks = (_names, _target, _network, _node_pools, _addons, _buckets)
     problems = [p for rule in checks for p in rule(settings)]
+    if aws_region is not None and settings.aws is not None and aws_region != settings.aws.region:
+        problems.append(Problem("aws.region", f"{settings.aws.region!r} differs from aws:region {aws_region!r} in "
+                                              "the same stack: the two must agree (or leave aws:region unset)"))
+    problems += _tenants(settings, platform_namespaces | RESERVED_NAMESPACES)
     problems += _mig_layouts(settings, mig)
     problems += _workloads(settings, mig, trainer_configs)
     return problems
@@ -36,6 +70,29 @@ def _allowed(values: object) -> str:
 
 def _duplicates(names: list[str]) -> set[str]:
     return {n for n, count in Counter(names).items() if count > 1}
+
+
+def _names(s: Settings) -> Iterator[Problem]:
+    """The stack name is part of every AWS name (`trainyard-<stack>-...`): each must stay within its rules."""
+    if s.target != "aws":
+        return
+    prefix = f"trainyard-{s.stack}"
+    if not name_rules.DNS1123_LABEL.pattern.match(s.stack):
+        yield Problem(STACK_NAME, f"{s.stack!r} goes into S3 bucket names: use lowercase letters, digits and '-', "
+                                  "starting and ending with a letter or digit")
+        return
+    for rule, suffix in _GENERATED:
+        problem = rule("-".join(filter(None, (prefix, suffix))))
+        if problem is not None:
+            yield Problem(STACK_NAME, f"{s.stack!r} is too long for the names it generates: {problem}")
+    for i, pool in enumerate(s.node_pools):
+        if pool.role != "gpu" and (problem := name_rules.EKS_NODE_GROUP.problem(f"{prefix}-{pool.name}")):
+            yield Problem(f"nodePools[{i}].name", problem)
+
+
+def _quantity(text: str) -> Decimal:
+    number = text.rstrip("kMGTi" + "m")
+    return Decimal(number) * _QUANTITY_UNITS[text[len(number):]]
 
 
 def _target(s: Settings) -> Iterator[Problem]:
@@ -70,6 +127,9 @@ def _network(s: Settings) -> Iterator[Problem]:
                                          "subnet per zone with room for pod IPs")
     if vpc.overlaps(service):
         yield Problem("network.serviceCidr", f"{service} overlaps network.vpcCidr {vpc}")
+    if not any(service.subnet_of(r) for r in SERVICE_CIDR_RANGES) or service.prefixlen not in SERVICE_CIDR_PREFIXES:
+        yield Problem("network.serviceCidr", f"{service}: EKS takes a service CIDR between /12 and /24 inside "
+                                             + ", ".join(map(str, SERVICE_CIDR_RANGES)))
     for i, cidr in enumerate(s.network.public_access_cidrs):
         if s.environment == "prod" and ipaddress.IPv4Network(cidr).prefixlen == 0:
             yield Problem(f"network.publicAccessCidrs[{i}]", "prod may not open the API endpoint to 0.0.0.0/0")
@@ -187,7 +247,7 @@ def _buckets(s: Settings) -> Iterator[Problem]:
         yield Problem("buckets.forceDestroy", "prod buckets may never be force-destroyed: must be false")
 
 
-def _tenants(s: Settings) -> Iterator[Problem]:
+def _tenants(s: Settings, taken: frozenset[str]) -> Iterator[Problem]:
     for name in _duplicates([t.name for t in s.tenants]):
         yield Problem("tenants", f"tenant name {name!r} is used more than once")
     for ns in _duplicates([t.namespace_name for t in s.tenants]):
@@ -197,11 +257,33 @@ def _tenants(s: Settings) -> Iterator[Problem]:
         yield Problem(f"tenants[{i}].default", f"at most one tenant may be the default; tenants[{defaults[0]}] "
                                                "already is")
     for i, t in enumerate(s.tenants):
-        if t.namespace_name in RESERVED_NAMESPACES:
-            yield Problem(f"tenants[{i}].namespace", f"{t.namespace_name!r} is reserved by Kubernetes")
-        if t.quota is not None and t.quota.gpu < t.capability.gpu:
-            yield Problem(f"tenants[{i}].quota.gpu", f"{t.quota.gpu} is below the queue capability "
-                                                     f"{t.capability.gpu}: the queue could never be used fully")
+        if t.namespace_name in taken:
+            key = "namespace" if t.namespace is not None else "name"
+            yield Problem(f"tenants[{i}].{key}", f"namespace {t.namespace_name!r} is reserved for Kubernetes or the "
+                                                 f"platform: {_allowed(taken)}")
+        if t.quota is not None:
+            yield from _quota_below_capability(f"tenants[{i}].quota", t.quota, t.capability)
+
+
+def _quota_below_capability(at: str, quota: TenantResources, capability: TenantResources) -> Iterator[Problem]:
+    """A namespace quota below its queue's capability (0 = unlimited on either side) strands the difference."""
+    for key in ("gpu", "cpu", "memory"):
+        limit, share = _quantity(str(getattr(quota, key))), _quantity(str(getattr(capability, key)))
+        if limit and share and limit < share:
+            yield Problem(f"{at}.{key}", f"{getattr(quota, key)} is below the queue capability "
+                                         f"{getattr(capability, key)}: the queue could never be used fully")
+
+
+def _trainer_config(at: str, name: str, configs: Path) -> Iterator[Problem]:
+    available = _allowed(p.name for p in configs.glob("*.y*ml") if p.is_file()) or "none"
+    if not _CONFIG_NAME.match(name):
+        yield Problem(at, f"{name!r} must be the name of a file in workloads/configs/ (no folders, '..' or absolute "
+                          f"paths); available: {available}")
+        return
+    path = configs / name
+    # A link out of the folder would ship whatever it points at to every pod: the real file must be inside.
+    if not path.is_file() or not path.resolve().is_relative_to(configs.resolve()):
+        yield Problem(at, f"{name!r} is not a file in workloads/configs/; available: {available}")
 
 
 def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[Problem]:
@@ -225,10 +307,7 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
         if job.autoscaling.enabled and job.kind != "elastic":
             yield Problem(f"{at}.autoscaling.enabled", f"only 'elastic' jobs grow between minNodes and maxNodes, "
                                                        f"this is a {job.kind!r} job")
-        if not (trainer_configs / job.trainer_config).is_file():
-            available = _allowed(p.name for p in trainer_configs.glob("*.yaml"))
-            yield Problem(f"{at}.trainerConfig", f"{job.trainer_config!r} is not a file in workloads/configs/; "
-                                                 f"available: {available}")
+        yield from _trainer_config(f"{at}.trainerConfig", job.trainer_config, trainer_configs)
         if job.dataset is not None and not s.addons.alluxio.enabled:
             yield Problem(f"{at}.dataset", "datasets are read through Alluxio: addons.alluxio.enabled must be true")
         if s.target == "local":

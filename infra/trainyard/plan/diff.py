@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainyard.config.yaml_input import InputError
 from trainyard.plan.capacity import HOURS_PER_MONTH, PoolCapacity
 from trainyard.plan.recording import ResourceRecord
 
@@ -174,6 +175,7 @@ def _pool_lines(d: StackDiff, markdown: bool) -> list[str]:
 
 # Runs inside the revision's own tree; prints {stack: {...}} as JSON. It uses only the plan API, so a base that
 # predates capacity estimates still diffs its resources.
+_BAD_INPUT = 3  # the render script's exit status for a stack it refuses (message on stderr)
 _RENDER_SCRIPT = """
 import contextlib, dataclasses, io, json, sys
 import trainyard
@@ -187,9 +189,16 @@ for name in sys.argv[2:]:
     if name not in available_stacks():
         result[name] = None
         continue
-    stack = read_stack(name)
-    with contextlib.redirect_stdout(io.StringIO()):
-        recording = render(stack)
+    try:
+        stack = read_stack(name)
+        with contextlib.redirect_stdout(io.StringIO()):
+            recording = render(stack)
+    except Exception as exc:
+        # Bad config at this revision is the user's to fix: its message, not a traceback (see _BAD_INPUT).
+        if type(exc).__name__ not in ("ConfigError", "InputError"):
+            raise
+        print(f"stack {name}: {exc}", file=sys.stderr)
+        sys.exit(3)
     try:
         from trainyard.config.mig import load_mig_catalog
         from trainyard.plan.capacity import pool_capacity
@@ -225,9 +234,19 @@ def render_tree(root: Path, stacks: Sequence[str]) -> dict[str, StackRender]:
     env = {**os.environ, "PYTHONPATH": str(root / "infra")}
     done = subprocess.run([sys.executable, "-c", _RENDER_SCRIPT, str(root), *stacks], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
+    if done.returncode == _BAD_INPUT:
+        raise InputError(f"rendering at {root}: {done.stderr.strip()}")
     if done.returncode != 0:
         raise RuntimeError(f"rendering {', '.join(stacks)} in {root} failed:\n{done.stderr[-4000:]}")
     return parse_renders(done.stdout.strip().splitlines()[-1])
+
+
+def resolve_ref(repo: Path, ref: str) -> str:
+    """`ref` when git knows it as a commit, else InputError (checked before anything is rendered)."""
+    if ref.startswith("-") or subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                                             cwd=repo, capture_output=True, check=False).returncode != 0:
+        raise InputError(f"--base {ref!r}: not a commit, branch or tag in {repo} (try `git fetch`, or HEAD)")
+    return ref
 
 
 def default_base(repo: Path) -> str:

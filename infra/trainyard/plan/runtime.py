@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime import settings as runtime_settings
 
 from trainyard import program
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.model import Settings
-from trainyard.paths import STACKS_DIR
+from trainyard.config.yaml_input import InputError, load_yaml
+from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan.placeholders import PlaceholderMocks
 from trainyard.plan.recording import SECRET, Recording, RecordingMonitor
 
 PROJECT = "trainyard"
 DEFAULT_REGION = "us-east-1"
+# Pulumi stack names: letters, digits, `-`, `_`, `.` (no path separators).
+_STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -43,28 +46,63 @@ def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
 
 
 def read_stack(stack: str, stacks_dir: Path = STACKS_DIR) -> StackFile:
+    """The stack's config as the CLI hands it to the program, or InputError naming the file, line and problem."""
+    available = available_stacks(stacks_dir)
+    if not _STACK_NAME.match(stack) or stack not in available:
+        raise InputError(f"unknown stack {stack!r}; stacks in {stacks_dir}: {', '.join(available) or 'none'}")
     path = stacks_dir / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"no stack file {path}; stacks: {', '.join(available_stacks(stacks_dir))}")
-    document = yaml.safe_load(path.read_text()) or {}
+    shown = _shown(path)
+    document = load_yaml(path, shown)
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise InputError(f"{shown}: expected a map with a 'config:' key, got a {_kind(document)}")
+    config = document.get("config") or {}
+    if not isinstance(config, dict):
+        raise InputError(f"{shown}: 'config:' must be a map of 'project:key: value', got a {_kind(config)}")
+    declared_secret = _secret_keys()
     values: dict[str, str] = {}
     secrets: list[str] = []
-    for key, value in (document.get("config") or {}).items():
+    for key, value in config.items():
         full = key if ":" in key else f"{PROJECT}:{key}"
         if isinstance(value, dict) and set(value) == {"secure"}:
             # Ciphertext only the stack's secrets provider can open: the plan shows that it is set, never what.
             values[full] = SECRET
             secrets.append(full)
-        else:
+            continue
+        if full in declared_secret:
+            # As the Pulumi CLI refuses it: a key declared secret in Pulumi.yaml never sits in a file in clear.
+            raise InputError(f"{shown}: {full} is declared `secret: true` in Pulumi.yaml and must be encrypted: "
+                             f"set it with `pulumi config set --secret {full.split(':', 1)[1]}`")
+        try:
             values[full] = value if isinstance(value, str) else json.dumps(value)
+        except TypeError:
+            raise InputError(f"{shown}: {full} holds a YAML date or binary value somewhere; quote it as a string") \
+                from None
     return StackFile(stack=stack, values=values, secret_keys=tuple(secrets))
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT) else str(path)
+
+
+def _kind(value: object) -> str:
+    return "string" if isinstance(value, str) else type(value).__name__
+
+
+def _secret_keys() -> frozenset[str]:
+    """`project:key` of every key Pulumi.yaml declares `secret: true`."""
+    project = load_yaml(REPO_ROOT / "Pulumi.yaml", "Pulumi.yaml") or {}
+    declared = project.get("config") or {}
+    return frozenset(f"{PROJECT}:{key}" for key, spec in declared.items()
+                     if isinstance(spec, dict) and spec.get("secret") is True)
 
 
 def settings_of(stack: StackFile) -> Settings:
     """The stack's Settings, validated exactly as the program validates them."""
     prefix = f"{PROJECT}:"
     raw = {k[len(prefix):]: decode_value(v) for k, v in stack.values.items() if k.startswith(prefix)}
-    return parse_settings(PROJECT, stack.stack, raw)
+    return parse_settings(PROJECT, stack.stack, raw, aws_region=stack.values.get("aws:region"))
 
 
 def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main,

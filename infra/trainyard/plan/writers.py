@@ -4,17 +4,20 @@ and the dependency graph."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
+from trainyard.config.yaml_input import InputError
 from trainyard.plan import graph
 from trainyard.plan.recording import Recording, ResourceRecord
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 _NOT_OBJECTS = frozenset({HELM_RELEASE, "pulumi:providers:kubernetes"})
+# Lists the files a plan wrote, so the next plan replaces those and nothing else.
+MARKER = ".trainyard-plan"
 
 
 def is_kubernetes_object(record: ResourceRecord) -> bool:
@@ -48,28 +51,87 @@ def manifest_filename(obj: dict[str, Any]) -> str:
     return f"{namespace}.{str(obj.get('kind', 'Unknown')).lower()}.{metadata.get('name', 'unnamed')}.yaml"
 
 
-def write_plan(recording: Recording, out: Path) -> None:
-    """Replace `out` with the plan's files; the same recording always gives the same bytes."""
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "manifests").mkdir(parents=True)
-    (out / "helm").mkdir()
+def plan_files(recording: Recording) -> dict[str, str]:
+    """Relative path -> text of every file a plan writes; the same recording always gives the same bytes."""
     resources = sorted(recording.resources, key=lambda r: r.urn)
-    (out / "resources.json").write_text(json.dumps([r.as_json() for r in resources], indent=2, sort_keys=True) + "\n")
-    (out / "outputs.json").write_text(json.dumps(recording.outputs, indent=2, sort_keys=True) + "\n")
     dependencies = graph.build(recording)
-    (out / "graph.mmd").write_text(graph.to_mermaid(dependencies))
-    (out / "graph.dot").write_text(graph.to_dot(dependencies))
+    files = {
+        "resources.json": json.dumps([r.as_json() for r in resources], indent=2, sort_keys=True) + "\n",
+        "outputs.json": json.dumps(recording.outputs, indent=2, sort_keys=True) + "\n",
+        "graph.mmd": graph.to_mermaid(dependencies),
+        "graph.dot": graph.to_dot(dependencies),
+    }
     for record in resources:
         if record.type == HELM_RELEASE:
             release = release_of(record)
-            _write_yaml(out / "helm" / f"{release['namespace']}.{release['name']}.yaml", release)
+            files[f"helm/{release['namespace']}.{release['name']}.yaml"] = _yaml(release)
         elif is_kubernetes_object(record):
             obj = manifest_of(record)
-            path = out / "manifests" / manifest_filename(obj)
-            if path.exists():
-                raise ValueError(f"two Kubernetes objects would both be written to {path.name}")
-            _write_yaml(path, obj)
+            path = f"manifests/{manifest_filename(obj)}"
+            if path in files:
+                raise ValueError(f"two Kubernetes objects would both be written to {path}")
+            files[path] = _yaml(obj)
+    return files
+
+
+def write_plan(recording: Recording, out: Path) -> None:
+    """Write the plan into `out`: a new or empty folder, or one an earlier plan wrote (it has MARKER).
+
+    Only the files the earlier plan listed in MARKER are replaced or removed; anything else in the folder is
+    left alone, and a plan file that would overwrite it is refused (InputError) before anything is written.
+    """
+    files = plan_files(recording)
+    previous = _previous_plan(out)
+    clashes = sorted(rel for rel in files if rel not in previous and os.path.lexists(out / rel))
+    if clashes:
+        raise InputError(f"--out {out}: {clashes[0]} exists and was not written by an earlier plan; "
+                         "nothing was written (move it, or choose a new folder)")
+    try:
+        for rel in sorted(previous - files.keys()):
+            (out / rel).unlink(missing_ok=True)
+        for folder in ("manifests", "helm"):
+            (out / folder).mkdir(parents=True, exist_ok=True)
+        for rel, text in files.items():
+            target = out / rel
+            if target.is_symlink():
+                target.unlink()
+            target.write_text(text)
+        (out / MARKER).write_text(_MARKER_HEADER + "".join(f"{rel}\n" for rel in sorted(files)))
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write the plan there ({exc.strerror or exc})") from None
+
+
+def check_out(out: Path) -> None:
+    """InputError unless a plan may be written into `out` (checked again, with the files, by write_plan)."""
+    _previous_plan(out)
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"--out {out}: {parent} is not writable")
+
+
+def _previous_plan(out: Path) -> set[str]:
+    """The files an earlier plan wrote into `out` (empty for a new or empty folder); InputError for anything else."""
+    if not os.path.lexists(out):
+        return set()
+    if not out.is_dir() or out.is_symlink():
+        raise InputError(f"--out {out}: exists and is not a folder; choose a new folder")
+    marker = out / MARKER
+    if not marker.is_file() or marker.is_symlink():
+        if any(out.iterdir()):
+            raise InputError(f"--out {out}: a folder with files not written by `trainyard plan` (no {MARKER}); "
+                             "nothing was written: choose a new or empty folder")
+        return set()
+    listed = set()
+    for line in marker.read_text(encoding="utf-8", errors="replace").splitlines():
+        rel = PurePosixPath(line)
+        # Only plain relative paths inside `out`: an edited marker never makes the plan delete elsewhere.
+        if line and not line.startswith("#") and not rel.is_absolute() and ".." not in rel.parts:
+            listed.add(line)
+    return listed
+
+
+_MARKER_HEADER = ("# Written by `python -m trainyard plan --out`: the files below are the plan's own and are\n"
+                  "# replaced by the next plan into this folder. Any other file here is left alone.\n")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -84,6 +146,5 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def _write_yaml(path: Path, data: Any) -> None:
-    path.write_text(yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=120,
-                              allow_unicode=True))
+def _yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=120, allow_unicode=True)

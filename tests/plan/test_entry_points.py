@@ -1,0 +1,195 @@
+"""Every entry point (plan, diff, graph, the config loader) meets bad input with one message and exit 2, and
+never deletes or overwrites a file it did not write."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from trainyard.__main__ import main
+from trainyard.plan.recording import Recording
+from trainyard.plan.writers import MARKER, write_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+
+# Stack files that must each be refused: name -> text.
+BAD_STACKS: dict[str, bytes] = {
+    "syntax": b"config:\n  trainyard:tenants: [a,\n",
+    "tab": b"config:\n\ttrainyard:target: aws\n",
+    "python-tag": b"config:\n  trainyard:target: !!python/object/apply:os.system [touch /tmp/pwned]\n",
+    "top-list": b"- config: {}\n",
+    "config-list": b"config: [1, 2]\n",
+    "int-key": b"config:\n  1: x\n",
+    "non-utf8": b"config:\n  trainyard:target: \xff\n",
+    "duplicate": DEV.replace("  trainyard:target: aws\n", "  trainyard:target: aws\n  trainyard:target: local\n")
+    .encode(),
+    "plaintext-secret": (DEV + "  trainyard:grafanaAdminPassword: hunter2\n").encode(),
+    "bomb": b"a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nconfig: {c: *b}\n",
+    "trainer-config-path": DEV.replace("trainerConfig: tiny.yaml", "trainerConfig: /etc/os-release").encode(),
+    "tenant-in-monitoring": DEV.replace("    - name: research\n", "    - name: research\n      namespace: monitoring\n")
+    .encode(),
+    "region-mismatch": (DEV + "  aws:region: us-east-1\n").encode(),
+}
+
+
+@pytest.fixture
+def stacks_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "stacks"
+    folder.mkdir()
+    for name, text in BAD_STACKS.items():
+        (folder / f"Pulumi.{name}.yaml").write_bytes(text)
+    (folder / "Pulumi.good.yaml").write_text(DEV)
+    return folder
+
+
+def _file(tmp_path: Path) -> str:
+    path = tmp_path / "notes.txt"
+    path.write_text("mine\n")
+    return str(path)
+
+
+def _folder_with_notes(tmp_path: Path) -> str:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    return str(folder)
+
+
+def _read_only(tmp_path: Path) -> str:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    return str(folder / "plan")
+
+
+def _no_folder(tmp_path: Path) -> str:
+    return str(tmp_path / "missing" / "graph.dot")
+
+
+def _graph_over_notes(tmp_path: Path) -> str:
+    path = tmp_path / "notes.dot"
+    path.write_text("my own notes\n")
+    return str(path)
+
+
+# (id, argv built from the stacks folder and tmp_path)
+Argv = Callable[[Path, Path], list[str]]
+CASES: list[tuple[str, Argv]] = [
+    *((f"plan-{name}", lambda s, t, name=name: ["plan", "--stack", name, "--stacks-dir", str(s)])
+      for name in BAD_STACKS),
+    ("plan-unknown-stack", lambda s, t: ["plan", "--stack", "nope", "--stacks-dir", str(s)]),
+    ("plan-path-stack", lambda s, t: ["plan", "--stack", "../stacks/Pulumi.good", "--stacks-dir", str(s)]),
+    ("plan-absolute-stack", lambda s, t: ["plan", "--stack", "/etc/passwd", "--stacks-dir", str(s)]),
+    ("plan-out-is-a-file", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out", _file(t)]),
+    ("plan-out-has-user-files", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                              _folder_with_notes(t)]),
+    ("plan-out-unwritable", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                          _read_only(t)]),
+    ("graph-is-a-folder", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", str(t)]),
+    ("graph-no-folder", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", _no_folder(t)]),
+    ("graph-over-user-file", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph",
+                                           _graph_over_notes(t)]),
+    ("graph-wrong-suffix", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", _file(t)]),
+    ("diff-unknown-ref", lambda s, t: ["diff", "--base", "no-such-ref-anywhere", "--stack", "dev"]),
+    ("diff-option-as-ref", lambda s, t: ["diff", "--base=--output=/tmp/x", "--stack", "dev"]),
+    ("diff-unknown-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "nope"]),
+    ("diff-path-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "../../etc/passwd"]),
+    ("diff-one-unknown-of-two", lambda s, t: ["diff", "--base", "HEAD", "--stack", "dev", "--stack", "prdo"]),
+]
+
+
+@pytest.mark.parametrize(("case", "argv"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_message_and_exit_2(stacks_dir: Path, tmp_path: Path, case: str, argv: Argv,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    if case == "plan-out-unwritable" and os.geteuid() == 0:
+        pytest.skip("root may write into a read-only folder")
+    args = argv(stacks_dir, tmp_path)
+    before = _snapshot(tmp_path)
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "Traceback" not in out + err
+    assert err.startswith("error: ") and err.count("error: ") == 1, err
+    assert _snapshot(tmp_path) == before, "a refused command changed files"
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_cli_process_prints_no_traceback(stacks_dir: Path) -> None:
+    for name in ("python-tag", "bomb", "non-utf8"):
+        result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", name, "--stacks-dir",
+                                 str(stacks_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith(f"error: {stacks_dir}/Pulumi.{name}.yaml:"), result.stderr
+    assert not Path("/tmp/pwned").exists()
+
+
+# ---- plan --out: only the plan's own files are ever replaced ----------------------------------------------------
+
+def _recording(*names: str) -> Recording:
+    from trainyard.plan.recording import ResourceRecord
+    recording = Recording()
+    for name in names:
+        recording.resources.append(ResourceRecord(
+            urn=f"urn:pulumi:dev::trainyard::kubernetes:core/v1:ConfigMap::{name}", type="kubernetes:core/v1:ConfigMap",
+            name=name, custom=True, parent=None, provider=None, depends_on=(), protect=False, retain_on_delete=False,
+            deleted_with=None, inputs={"apiVersion": "v1", "kind": "ConfigMap",
+                                       "metadata": {"name": name, "namespace": "ns"}}))
+    return recording
+
+
+def test_a_new_folder_gets_the_plan_and_its_marker(tmp_path: Path) -> None:
+    write_plan(_recording("a"), tmp_path / "plan")
+    listed = (tmp_path / "plan" / MARKER).read_text().splitlines()
+    assert "manifests/ns.configmap.a.yaml" in listed and "resources.json" in listed
+
+
+def test_a_second_plan_replaces_its_own_files_and_keeps_the_users(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    write_plan(_recording("a", "b"), out)
+    (out / "notes.txt").write_text("mine\n")
+    (out / "manifests" / "mine.yaml").write_text("mine\n")
+    write_plan(_recording("a"), out)
+    assert (out / "notes.txt").read_text() == "mine\n"
+    assert (out / "manifests" / "mine.yaml").read_text() == "mine\n"
+    assert not (out / "manifests" / "ns.configmap.b.yaml").exists()  # the plan's own stale file went
+    assert (out / "manifests" / "ns.configmap.a.yaml").exists()
+
+
+def test_a_plan_file_over_a_user_file_is_refused_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    write_plan(_recording("a"), out)
+    (out / "manifests" / "ns.configmap.b.yaml").write_text("mine\n")
+    before = _snapshot(out)
+    with pytest.raises(ValueError, match=r"ns\.configmap\.b\.yaml exists and was not written by an earlier plan"):
+        write_plan(_recording("a", "b"), out)
+    assert _snapshot(out) == before
+
+
+def test_an_edited_marker_never_deletes_outside_the_folder(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    write_plan(_recording("a"), out)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    with (out / MARKER).open("a") as marker:
+        marker.write(f"../victim.txt\n{victim}\n")
+    write_plan(_recording("a"), out)
+    assert victim.read_text() == "mine\n"
+
+
+def test_an_empty_existing_folder_is_used(tmp_path: Path) -> None:
+    (tmp_path / "plan").mkdir()
+    write_plan(_recording("a"), tmp_path / "plan")
+    assert (tmp_path / "plan" / MARKER).is_file()
+
+
+def test_the_committed_plans_carry_the_marker() -> None:
+    for stack in ("dev", "staging", "prod", "local"):
+        assert (ROOT / "plans" / stack / MARKER).is_file(), f"plans/{stack} was not written by `make plans`"
