@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +16,10 @@ from trainyard_train.checkpoint import (
     Checkpointer,
     CheckpointRef,
     complete_checkpoints,
+    corrupt_reason,
     list_step_dirs,
     plan_retention,
+    read_commit,
     step_dir,
     torn_reason,
     write_commit,
@@ -60,6 +64,15 @@ def test_commit_is_written_atomically_with_file_sizes(tmp_path: Path) -> None:
     path = fake_checkpoint(tmp_path, 7)
     assert not (path / f"{COMMIT}.tmp").exists()
     assert (path / COMMIT).read_text().count('"__0_0.distcp": 100') == 1
+
+
+def test_commit_checksums_catch_flipped_bytes_of_unchanged_size(tmp_path: Path) -> None:
+    path = fake_checkpoint(tmp_path, 8)
+    assert read_commit(path)["crc32"]["__0_0.distcp"] == f"{zlib.crc32(b'x' * 100):08x}"
+    assert corrupt_reason(path) is None
+    (path / "__0_0.distcp").write_bytes(b"x" * 50 + b"y" + b"x" * 49)
+    assert torn_reason(path) is None  # same size: the stat check cannot see it
+    assert str(corrupt_reason(path)).startswith("__0_0.distcp crc32 ")
 
 
 def refs(*steps: int) -> list[CheckpointRef]:
@@ -108,6 +121,21 @@ def test_save_commit_retain_and_fall_back(
     result = ckpt.load_latest(make_state, loaded.update)
     assert result is not None and result[0].step == 2 and result[1]["world_size"] == 1
     assert loaded["step"] == 2 and torch.equal(loaded["w"], torch.full((4,), 2.0))  # type: ignore[arg-type]
+
+
+def test_intact_checksums_but_unparsable_files_still_fall_back(
+    tmp_path: Path, single_process_group: dist.ProcessGroup
+) -> None:
+    """A checkpoint whose checksums pass but DCP cannot load (a COMMIT without checksums) is skipped too."""
+    ckpt = Checkpointer(tmp_path, keep_last=3, async_save=False, group=single_process_group, is_main=True)
+    for step in (1, 2):
+        ckpt.save(step, {"w": torch.full((2,), float(step))}, {"world_size": 1})
+    newest = step_dir(tmp_path, 2)
+    commit = read_commit(newest)
+    (newest / COMMIT).write_text(json.dumps({k: v for k, v in commit.items() if k != "crc32"}))
+    (newest / ".metadata").write_bytes(b"\0" * (newest / ".metadata").stat().st_size)
+    result = ckpt.load_latest(lambda _r, _m: {"w": torch.empty(2)}, lambda _s: None)
+    assert result is not None and result[0].step == 1
 
 
 def test_refuses_to_start_over_when_no_complete_checkpoint_loads(

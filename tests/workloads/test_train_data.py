@@ -1,4 +1,5 @@
-"""Shard files and the per-rank stream: world-size independent position, no repeats within an epoch."""
+"""Shard files and the global sample order: the same samples per step at any world size, every record
+once per epoch."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 import trainer_launch  # noqa: F401
-from trainyard_train.data import ShardReader, ShardStream, generate_successor_corpus
-from trainyard_train.sharding import owned_shards
+from trainyard_train.data import GlobalOrder, ShardReader, StepLoader, generate_successor_corpus, rank_slice
 
 SHARDS, RECORDS, SEQ = 8, 16, 6
 
@@ -24,8 +24,7 @@ def reader(tmp_path: Path) -> ShardReader:
 
 
 def test_targets_follow_the_hidden_rule(reader: ShardReader) -> None:
-    stream = ShardStream(reader, list(range(SHARDS)), torch.zeros(SHARDS, dtype=torch.int64), seed=0)
-    inputs, targets = stream.next_batch(32)
+    inputs, targets = loader(reader, 1, 0, global_batch=32, micro=32).step_batches(0)[0]
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
     pairs = {(int(a), int(b)) for a, b in zip(inputs.flatten(), targets.flatten(), strict=True)}
     assert len({a for a, _ in pairs}) == len(pairs)  # noise=0: each token has exactly one successor
@@ -43,23 +42,58 @@ def labelled_corpus(path: Path) -> ShardReader:
     return ShardReader(path)
 
 
-def consume(stream: ShardStream, n: int) -> list[tuple[int, int]]:
-    inputs, _ = stream.next_batch(n)
-    return [(int(row[0]), int(row[1])) for row in inputs]
+def loader(reader: ShardReader, world_size: int, rank: int, global_batch: int = 24, micro: int = 4) -> StepLoader:
+    order = GlobalOrder(reader.num_records, seed=5)
+    return StepLoader(
+        reader,
+        order,
+        global_batch=global_batch,
+        micro_batch=micro,
+        world_size=world_size,
+        rank=rank,
+        device=torch.device("cpu"),
+    )
 
 
-def test_position_carries_over_from_two_ranks_to_one(tmp_path: Path) -> None:
+def consumed(reader: ShardReader, world_size: int, step: int) -> list[tuple[int, int]]:
+    """(shard, index) of every sample step ``step`` reads, rank by rank, from the tokens themselves."""
+    rows = []
+    for rank in range(world_size):
+        for inputs, _ in loader(reader, world_size, rank).step_batches(step):
+            rows += [(int(row[0]), int(row[1])) for row in inputs]
+    return rows
+
+
+def test_steps_read_the_same_samples_at_any_world_size(tmp_path: Path) -> None:
     reader = labelled_corpus(tmp_path / "labelled")
-    cursors = [torch.zeros(SHARDS, dtype=torch.int64) for _ in range(2)]
-    streams = [ShardStream(reader, owned_shards(SHARDS, 2, r), cursors[r], seed=0) for r in range(2)]
-    seen = [row for s in streams for row in consume(s, 20)]
-    merged = torch.maximum(*cursors)  # what the trainer's MAX all-reduce computes
-    assert int(merged.sum()) == 40
-    single = ShardStream(reader, list(range(SHARDS)), merged.clone(), seed=0)
-    rest = consume(single, SHARDS * RECORDS - 40)
-    # The first epoch is covered exactly once across the resize: nothing repeated, nothing skipped.
-    assert sorted(seen + rest) == [(s, i) for s in range(SHARDS) for i in range(RECORDS)]
-    assert torch.equal(single.cursors, torch.full((SHARDS,), RECORDS))
+    for step in (0, 3, 7):
+        by_world = {w: consumed(reader, w, step) for w in (1, 2, 3, 6, 12)}  # 12 ranks > 8 shards
+        assert all(len(rows) == 24 for rows in by_world.values())
+        assert len({tuple(rows) for rows in by_world.values()}) == 1, step  # same samples, same order
+
+
+def test_each_epoch_visits_every_record_once_in_a_new_order(tmp_path: Path) -> None:
+    reader = labelled_corpus(tmp_path / "labelled")
+    total = SHARDS * RECORDS  # 128 records; steps of 24 straddle epoch boundaries
+    stream = [row for step in range(16) for row in consumed(reader, 3, step)]
+    epochs = [stream[e * total : (e + 1) * total] for e in range(len(stream) // total)]
+    everything = sorted((s, i) for s in range(SHARDS) for i in range(RECORDS))
+    assert len(epochs) == 3 and all(sorted(epoch) == everything for epoch in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_record_ids_match_positions_across_epochs() -> None:
+    order = GlobalOrder(10, seed=1)
+    whole = order.record_ids(0, 30)
+    assert np.array_equal(np.concatenate([order.record_ids(s, 7) for s in range(0, 28, 7)]), whole[:28])
+    assert np.array_equal(GlobalOrder(10, seed=1).record_ids(25, 5), whole[25:])  # fresh process, same answer
+
+
+def test_rank_slices_tile_the_step() -> None:
+    slices = [rank_slice(4, 24, 3, r) for r in range(3)]
+    assert slices == [(96, 8), (104, 8), (112, 8)]
+    with pytest.raises(ValueError, match="does not split"):
+        rank_slice(0, 24, 5, 0)
 
 
 def test_reader_rejects_a_truncated_shard(reader: ShardReader, tmp_path: Path) -> None:
@@ -67,11 +101,6 @@ def test_reader_rejects_a_truncated_shard(reader: ShardReader, tmp_path: Path) -
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(ValueError, match="manifest implies"):
         ShardReader(tmp_path).record(0, 0)
-
-
-def test_stream_refuses_an_empty_share(reader: ShardReader) -> None:
-    with pytest.raises(ValueError, match="owns no shards"):
-        ShardStream(reader, [], torch.zeros(SHARDS, dtype=torch.int64), seed=0)
 
 
 def test_generation_is_deterministic(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 WORKLOADS = REPO / "workloads"
 TINY = WORKLOADS / "configs" / "tiny.yaml"
 
@@ -35,7 +36,7 @@ def subprocess_env() -> dict[str, str]:
     # A fresh TCPStore per rendezvous round: with torchrun's shared store, restarted workers can read
     # their predecessors' gloo addresses and fail to connect (see workloads/README.md).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKLOADS), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKLOADS), str(HERE), env.get("PYTHONPATH")]))
     env.pop("TRAINYARD_METRICS_PORT", None)
     return env
 
@@ -81,7 +82,8 @@ def launch(
     torchrun: bool = True,
 ) -> Launch:
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = ["-m", "trainyard_train", "--config", str(TINY), f"run_dir={run_dir}", *overrides]
+    # The trainer under a default process group that refuses CPU tensors, as NCCL's does (strict_trainer.py).
+    trainer = ["-m", "strict_trainer", "--config", str(TINY), f"run_dir={run_dir}", *overrides]
     if torchrun:
         cmd = [
             sys.executable,

@@ -1,78 +1,78 @@
-"""DDP gradient communication: plain all-reduce or PowerSGD, both metered.
+"""DDP gradient communication (DDP's own all-reduce, or PowerSGD) and how many bytes it sends.
 
-Both hooks issue their collectives through ``torch.distributed.all_reduce`` on the dedicated gradient
-group, so wrapping that one function and filtering on the group counts exactly the bytes the hook
-sends, PowerSGD's P and Q factors and its uncompressed vectors included, and nothing else.
+Plain all-reduce stays on DDP's built-in C++ path: no Python comm hook, nothing wrapped. Its traffic per
+optimizer step is known without watching it: every gradient is all-reduced once (accumulation steps run
+under ``no_sync``), so the meter reports the gradient bytes. PowerSGD is a Python hook anyway; a thin
+wrapper around it adds up, per bucket, the bytes the hook is about to send, from the same rule the hook
+uses to decide what to compress. Nothing process-wide is patched.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from .config import CommConfig
 
 
 class GradCommMeter:
-    """Counts bytes all-reduced on one process group. Hook callbacks may run on other threads."""
+    """Gradient bytes all-reduced per optimizer step. Hook callbacks may run on the autograd thread."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
+    def __init__(self, plain_bytes_per_step: int) -> None:
+        self.plain_bytes_per_step = plain_bytes_per_step
         self._lock = threading.Lock()
         self._bytes = 0
+        self._counting = False
 
-    def record(self, tensor: torch.Tensor) -> None:
+    def record(self, nbytes: int) -> None:
         with self._lock:
-            self._bytes += tensor.numel() * tensor.element_size()
+            self._counting = True
+            self._bytes += nbytes
 
     def take(self) -> int:
-        """Bytes since the previous call (one optimizer step's worth when called once per step)."""
+        """Bytes since the previous call; without a metering hook, the plain all-reduce's fixed volume."""
         with self._lock:
+            if not self._counting:
+                return self.plain_bytes_per_step
             taken, self._bytes = self._bytes, 0
         return taken
 
 
-_meters: list[GradCommMeter] = []
+def gradient_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _install_all_reduce_tap() -> None:
-    if getattr(dist.all_reduce, "_trainyard_tap", False):
-        return
-    original = dist.all_reduce
-
-    @functools.wraps(original)
-    def tapped(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        group = kwargs.get("group", args[1] if len(args) > 1 else None)
-        for meter in _meters:
-            if group is meter.group:
-                meter.record(tensor)
-        return original(tensor, *args, **kwargs)
-
-    tapped._trainyard_tap = True  # type: ignore[attr-defined]
-    dist.all_reduce = tapped
-
-
-def attach_meter(group: dist.ProcessGroup) -> GradCommMeter:
-    _install_all_reduce_tap()
-    meter = GradCommMeter(group)
-    _meters.append(meter)
-    return meter
+def powersgd_bucket_bytes(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> int:
+    """Bytes PowerSGD sends for one bucket: the flat bucket while warming up, else P and Q for the
+    matrices worth compressing plus the rest uncompressed (the test in powerSGD_hook's _should_compress)."""
+    if state.iter < state.start_powerSGD_iter:
+        return bucket.buffer().numel() * bucket.buffer().element_size()
+    total = 0
+    for grad in bucket.gradients():
+        size = grad.element_size()
+        if grad.ndim <= 1:
+            total += grad.numel() * size
+            continue
+        n = grad.shape[0]
+        m = grad.numel() // n
+        r = min(n, m, state.matrix_approximation_rank)
+        compress = (n + m) * r * state.min_compression_rate < n * m
+        total += ((n + m) * r if compress else n * m) * size
+    return total
 
 
 def register_grad_hook(
     model: DistributedDataParallel, cfg: CommConfig, group: dist.ProcessGroup, seed: int
-) -> powerSGD_hook.PowerSGDState | None:
-    """Register the configured hook; returns the PowerSGD state (to checkpoint) or None."""
+) -> tuple[powerSGD_hook.PowerSGDState | None, GradCommMeter]:
+    """Register the configured hook; returns the PowerSGD state (to checkpoint) or None, and the meter."""
+    meter = GradCommMeter(gradient_bytes(model.module))
     if cfg.hook == "allreduce":
-        # Same math as DDP's built-in C++ all-reduce, but routed through Python so it can be metered.
-        model.register_comm_hook(group, default_hooks.allreduce_hook)
-        return None
+        return None, meter  # DDP's built-in reduction: the fastest path, nothing to register
     state = powerSGD_hook.PowerSGDState(
         process_group=group,
         matrix_approximation_rank=cfg.powersgd_rank,
@@ -80,8 +80,16 @@ def register_grad_hook(
         min_compression_rate=cfg.powersgd_min_compression_rate,
         random_seed=seed,
     )
-    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return state
+
+    def metered_powersgd(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> Any:
+        meter.record(powersgd_bucket_bytes(state, bucket))
+        return powerSGD_hook.powerSGD_hook(state, bucket)
+
+    # DDP checks a hook's annotations against dist.GradBucket / Future; this module's are strings
+    # (postponed evaluation), which that check rejects, so the runtime annotations are dropped.
+    metered_powersgd.__annotations__.clear()
+    model.register_comm_hook(state, metered_powersgd)
+    return state, meter
 
 
 def powersgd_state_blob(state: powerSGD_hook.PowerSGDState) -> dict[str, Any]:

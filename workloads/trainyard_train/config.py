@@ -56,6 +56,9 @@ class DataConfig:
     noise: float = 0.1
     """Probability that the next token is uniform noise instead of the hidden successor rule."""
     seed: int = 1234
+    """Seeds the generated corpus and, with train.seed, the sample order."""
+    trace: bool = False
+    """Append the record ids each rank reads per step to run_dir/trace/rank-R.jsonl (tests, audits)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "data.path", "must not be empty")
@@ -102,6 +105,24 @@ class TrainConfig:
             "must be a positive multiple of train.micro_batch_size",
         )
         _require(self.log_every >= 1, "train.log_every", "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfConfig:
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on CUDA, fp32 on CPU."""
+    compile: bool = False
+    """torch.compile the model (CUDA; on CPU it works but compiles for minutes)."""
+    fused_adamw: bool = True
+    """AdamW's fused kernel (one launch for all parameters; CUDA and CPU)."""
+    tf32: bool = True
+    """TF32 for fp32 matmuls on CUDA (Ampere and newer); no effect on CPU."""
+    loss_chunk_tokens: int = 4096
+    """Tokens per chunk of the output projection + cross-entropy; bounds the fp32 logits held at once."""
+
+    def __post_init__(self) -> None:
+        _require(self.precision in ("auto", "bf16", "fp32"), "perf.precision", "must be 'auto', 'bf16' or 'fp32'")
+        _require(self.loss_chunk_tokens >= 1, "perf.loss_chunk_tokens", "must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +180,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
@@ -166,6 +188,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must not be empty")
+
+    @property
+    def run_dir_path(self) -> Path:
+        return Path(self.run_dir)
 
     @property
     def data_dir(self) -> Path:

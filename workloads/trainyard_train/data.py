@@ -1,4 +1,4 @@
-"""Token shard files on disk and the per-rank stream that reads them.
+"""Token shard files on disk and the global, seeded sample order the trainer reads them in.
 
 Layout of a data directory::
 
@@ -10,8 +10,13 @@ is ``succ[previous]`` except with probability ``noise`` a uniform random token. 
 rule drops from ln(vocab) to about the noise entropy, which a tiny transformer does in a few hundred
 CPU steps.
 
-Data position is one cursor per shard (records consumed from it, across epochs). The cursor vector
-does not depend on the world size, so a checkpoint taken with 2 ranks resumes exactly on 1 or 3.
+Order. Records are numbered globally (``shard * records_per_shard + index``). Epoch ``e`` visits all of
+them in one permutation seeded by ``(seed, e)``; the run reads that sequence front to back, so the data
+position is a single number, the samples consumed, independent of the world size. Step ``s`` takes
+positions ``[s*G, (s+1)*G)`` (``G`` = global batch); rank ``r`` takes its contiguous share of them and
+splits it into micro-batches. A resize changes only how a step's positions are split, never which
+positions a step consumes, so a resumed run neither repeats nor skips a sample, whatever the world size
+and however it relates to the shard count.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import numpy as np
 import torch
 
 from .config import Config
-from .sharding import shard_key
 
 MANIFEST = "manifest.json"
 _DTYPE = np.dtype("<u2")
@@ -47,6 +51,11 @@ class Manifest:
             record_len=int(raw["record_len"]),
             vocab_size=int(raw["vocab_size"]),
         )
+
+
+def shard_key(shard_index: int) -> str:
+    """A shard's file stem."""
+    return f"shard-{shard_index:05d}"
 
 
 def _atomic_write_bytes(path: Path, payload: bytes) -> None:
@@ -98,12 +107,16 @@ def generate_for(cfg: Config, data_dir: Path) -> Manifest:
 
 
 class ShardReader:
-    """Memory-maps shard files lazily; only the shards a rank owns are ever opened."""
+    """Memory-maps shard files lazily and reads records by global record id."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.manifest = Manifest.read(data_dir)
         self._maps: dict[int, np.ndarray] = {}
+
+    @property
+    def num_records(self) -> int:
+        return self.manifest.num_shards * self.manifest.records_per_shard
 
     def record(self, shard: int, index: int) -> np.ndarray:
         if shard not in self._maps:
@@ -115,45 +128,94 @@ class ShardReader:
             self._maps[shard] = np.memmap(path, dtype=_DTYPE, mode="r", shape=(m.records_per_shard, m.record_len))
         return self._maps[shard][index]
 
+    def records(self, record_ids: np.ndarray, out: np.ndarray) -> None:
+        """Copy the records with these global ids into ``out`` (rows x record_len)."""
+        per_shard = self.manifest.records_per_shard
+        for row, record_id in enumerate(record_ids.tolist()):
+            out[row] = self.record(*divmod(record_id, per_shard))
 
-class ShardStream:
-    """Yields micro-batches from this rank's shards, always from the least-consumed shard first.
 
-    Reading the least-consumed shard keeps cursors level, so a shard that changes owner on resize is
-    not left far behind. Within a shard, each epoch visits records in a seeded permutation.
+class GlobalOrder:
+    """Global sample position -> record id: one seeded permutation of all records per epoch."""
+
+    def __init__(self, num_records: int, seed: int) -> None:
+        self.num_records = num_records
+        self.seed = seed
+        self._epoch = -1
+        self._perm = np.empty(0, dtype=np.int64)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:  # positions only move forward: one epoch's permutation is hot at a time
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_records)
+            self._epoch = epoch
+        return self._perm
+
+    def record_ids(self, start: int, count: int) -> np.ndarray:
+        """Record ids at global positions ``[start, start + count)``, crossing epochs as needed."""
+        ids = np.empty(count, dtype=np.int64)
+        done = 0
+        while done < count:
+            epoch, offset = divmod(start + done, self.num_records)
+            take = min(count - done, self.num_records - offset)
+            ids[done : done + take] = self._permutation(epoch)[offset : offset + take]
+            done += take
+        return ids
+
+
+def rank_slice(step: int, global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
+    """(first global position, count) this rank consumes at optimizer step ``step`` (0-based)."""
+    per_rank, rem = divmod(global_batch, world_size)
+    if rem:
+        raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+    return step * global_batch + rank * per_rank, per_rank
+
+
+class StepLoader:
+    """One optimizer step's samples for one rank, as (inputs, targets) micro-batches on the device.
+
+    The step's tokens are gathered into a pinned host buffer and copied to the GPU in one non-blocking
+    transfer; two buffers alternate, each guarded by an event, so filling the next step's buffer never
+    overwrites one whose copy the GPU has not finished. Tokens travel as int32 (half of int64's bytes).
     """
 
-    def __init__(self, reader: ShardReader, owned: list[int], cursors: torch.Tensor, seed: int) -> None:
-        if not owned:
-            raise ValueError(
-                f"this rank owns no shards ({reader.manifest.num_shards} shards in total); "
-                "use more shards than ranks (>= 8 per rank keeps the hash balanced)"
-            )
-        if cursors.shape != (reader.manifest.num_shards,):
-            raise ValueError(f"cursor vector has shape {tuple(cursors.shape)}, expected one per shard")
-        self.reader = reader
-        self.owned = owned
-        self.cursors = cursors
-        self.seed = seed
-        self._orders: dict[tuple[int, int], np.ndarray] = {}
+    def __init__(
+        self,
+        reader: ShardReader,
+        order: GlobalOrder,
+        *,
+        global_batch: int,
+        micro_batch: int,
+        world_size: int,
+        rank: int,
+        device: torch.device,
+    ) -> None:
+        self.reader, self.order = reader, order
+        self.global_batch, self.micro_batch = global_batch, micro_batch
+        self.world_size, self.rank, self.device = world_size, rank, device
+        _, per_rank = rank_slice(0, global_batch, world_size, rank)
+        pin = device.type == "cuda"
+        shape = (per_rank, reader.manifest.record_len)
+        self._buffers = [torch.empty(shape, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self.last_record_ids = np.empty(0, dtype=np.int64)
 
-    def _order(self, shard: int, epoch: int) -> np.ndarray:
-        key = (shard, epoch)
-        if key not in self._orders:
-            if len(self._orders) > 4 * len(self.owned):
-                self._orders.clear()  # bound memory: only the current epoch's orders are hot
-            rng = np.random.default_rng([self.seed, shard, epoch])
-            self._orders[key] = rng.permutation(self.reader.manifest.records_per_shard)
-        return self._orders[key]
-
-    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        per_shard = self.reader.manifest.records_per_shard
-        rows = []
-        for _ in range(batch_size):
-            shard = min(self.owned, key=lambda s: (int(self.cursors[s]), s))
-            cursor = int(self.cursors[shard])
-            epoch, offset = divmod(cursor, per_shard)
-            rows.append(self.reader.record(shard, int(self._order(shard, epoch)[offset])))
-            self.cursors[shard] = cursor + 1
-        batch = torch.from_numpy(np.stack(rows).astype(np.int64))
-        return batch[:, :-1], batch[:, 1:]
+    def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        start, count = rank_slice(step, self.global_batch, self.world_size, self.rank)
+        ids = self.order.record_ids(start, count)
+        self.last_record_ids = ids
+        turn, self._turn = self._turn, 1 - self._turn
+        host, event = self._buffers[turn], self._events[turn]
+        if event is not None:
+            event.synchronize()  # waits only if the GPU is two steps behind the host
+        self.reader.records(ids, host.numpy())
+        tokens = host.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            self._events[turn] = done
+        tokens = tokens.long()
+        return [
+            (tokens[i : i + self.micro_batch, :-1], tokens[i : i + self.micro_batch, 1:])
+            for i in range(0, count, self.micro_batch)
+        ]

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,31 +55,44 @@ class DistEnv:
 
 @dataclass(frozen=True)
 class Runtime:
+    """The groups every trainer collective names explicitly; nothing uses the default group implicitly.
+
+    On CUDA the default group is NCCL, which serves CUDA tensors only: a CPU tensor sent there fails with
+    "No backend type associated with device type cpu". So device tensors go to ``device_group`` and CPU
+    tensors (DCP's object collectives, host-side metadata) to ``cpu_group``. The CPU tests start the default
+    group with a backend map that serves no CPU tensors (tests/workloads/strict_trainer.py), so a collective
+    that slips onto the default group fails there as it would under NCCL.
+    """
+
     env: DistEnv
     device: torch.device
-    grad_group: dist.ProcessGroup
-    """Carries only gradient reductions, so a meter can count exactly what the comm hook sends."""
-    checkpoint_group: dist.ProcessGroup
-    """Gloo group for async checkpoint collectives, which run on a background thread."""
+    device_group: dist.ProcessGroup
+    """Gradients (DDP) and per-step stats: NCCL on CUDA (the default group), gloo on CPU."""
+    cpu_group: dist.ProcessGroup
+    """Gloo: checkpoint collectives (DCP, also from async save's background thread) and barriers."""
 
 
 def init_distributed(env: DistEnv, timeout_s: float) -> Runtime:
+    timeout = timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-        backend = "nccl"
+        # device_id binds the NCCL communicator to this GPU at init (eager init, no guessing in barrier()).
+        # https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group
+        init_kwargs: dict[str, Any] = {"backend": "nccl", "device_id": device}
     else:
         device = torch.device("cpu")
-        backend = "gloo"
-    timeout = timedelta(seconds=timeout_s)
-    if env.under_torchrun:
-        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
-    else:
+        init_kwargs = {"backend": "gloo"}
+    if not env.under_torchrun:
         # Plain `python -m trainyard_train`: a one-process world needs no rendezvous.
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    grad_group = dist.new_group(backend=backend, timeout=timeout)
-    checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
-    return Runtime(env=env, device=device, grad_group=grad_group, checkpoint_group=checkpoint_group)
+        init_kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(timeout=timeout, **init_kwargs)
+    # On CPU the device group is a gloo group of its own, so the default group can be made to refuse CPU
+    # tensors in tests; on CUDA the default NCCL group is it (no second communicator's memory).
+    device_group = dist.group.WORLD if device.type == "cuda" else dist.new_group(backend="gloo", timeout=timeout)
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+    assert device_group is not None
+    return Runtime(env=env, device=device, device_group=device_group, cpu_group=cpu_group)
 
 
 def destroy_distributed() -> None:

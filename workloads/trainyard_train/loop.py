@@ -1,19 +1,24 @@
 """The training loop: DDP, gradient accumulation, checkpoint/resume, graceful stop, metrics.
 
 Per optimizer step every rank runs ``accum`` micro-batches; gradients are reduced only on the last
-(``no_sync`` before it), then one tiny all-reduce carries the mean loss and the stop vote, so all ranks
-stop at the same step whichever of them was signalled.
+(``no_sync`` before it), then one tiny all-reduce on the device group carries the mean loss and the stop
+vote, so all ranks stop at the same step whichever of them was signalled. Reading that result is the
+step's only host synchronisation.
+
+Collectives always name their group (see distributed.Runtime): device tensors on ``device_group``, CPU
+ones (checkpoints, barriers) on ``cpu_group``. Nothing is sent on the default group implicitly.
 
 PowerSGD state (error feedback, warm-start factors, its step counter and RNG) is rank-local. It is
 saved per rank and restored when the world size is unchanged; after a resize it is re-initialized,
-because each residual belongs to one rank's share of the data and, with shard owners reassigned,
-no longer matches any rank's gradient stream. The fresh state runs ``powersgd_start_iter`` plain
+because each residual belongs to one rank's share of the global batch and, with the batch split
+differently, no longer matches any rank's gradient stream. The fresh state runs ``powersgd_start_iter`` plain
 all-reduce steps again before compressing, which is the warm-up PowerSGD is designed around.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import pickle
@@ -28,15 +33,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from .checkpoint import Checkpointer, CheckpointRef
-from .comm import attach_meter, powersgd_state_blob, register_grad_hook, restore_powersgd_state
+from .comm import powersgd_state_blob, register_grad_hook, restore_powersgd_state
 from .config import Config, ConfigError
-from .data import MANIFEST, ShardReader, ShardStream, generate_for
+from .data import MANIFEST, GlobalOrder, ShardReader, StepLoader, generate_for
 from .distributed import Runtime
 from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
-from .model import DecoderLM, lm_loss
+from .model import DecoderLM
 from .progress import ProgressLog
-from .sharding import owned_shards
 from .signals import PREEMPTED_EXIT_CODE, StopRequest
 
 log = logging.getLogger(LOGGER_NAME)
@@ -71,14 +75,21 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Any:
     return factor
 
 
-def prepare_data(cfg: Config, local_rank: int) -> ShardReader:
+def autocast_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for plain fp32."""
+    if cfg.perf.precision == "bf16" or (cfg.perf.precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def prepare_data(cfg: Config, rt: Runtime) -> ShardReader:
     # One writer per node: generation is deterministic and every file lands by atomic rename, so two
     # nodes generating into the same shared volume write identical bytes.
-    if local_rank == 0 and not (cfg.data_dir / MANIFEST).exists():
+    if rt.env.local_rank == 0 and not (cfg.data_dir / MANIFEST).exists():
         if not cfg.data.generate:
-            raise FileNotFoundError(f"{cfg.data_dir / MANIFEST} missing and data.generate is false")
+            raise ConfigError(f"data.path: {cfg.data_dir / MANIFEST} missing and data.generate is false")
         generate_for(cfg, cfg.data_dir)
-    dist.barrier()
+    dist.barrier(group=rt.cpu_group)
     reader = ShardReader(cfg.data_dir)
     m = reader.manifest
     if m.record_len != cfg.model.seq_len + 1 or m.vocab_size > cfg.model.vocab_size:
@@ -96,45 +107,70 @@ class Trainer:
         env = rt.env
         self.accum = accumulation_steps(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size)
         torch.manual_seed(cfg.train.seed)
+        if rt.device.type == "cuda":
+            # https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
+            torch.set_float32_matmul_precision("high" if cfg.perf.tf32 else "highest")
+        self.autocast = autocast_dtype(cfg, rt.device)
 
-        reader = prepare_data(cfg, env.local_rank)
-        self.cursors = torch.zeros(reader.manifest.num_shards, dtype=torch.int64)
-        owned = owned_shards(reader.manifest.num_shards, env.world_size, env.rank)
-        self.stream = ShardStream(reader, owned, self.cursors, seed=cfg.data.seed)
+        reader = prepare_data(cfg, rt)
+        self.loader = StepLoader(
+            reader,
+            GlobalOrder(reader.num_records, seed=cfg.train.seed),
+            global_batch=cfg.train.global_batch_size,
+            micro_batch=cfg.train.micro_batch_size,
+            world_size=env.world_size,
+            rank=env.rank,
+            device=rt.device,
+        )
+        self.trace_file = cfg.run_dir_path / "trace" / f"rank-{env.rank}.jsonl" if cfg.data.trace else None
 
-        model = DecoderLM(cfg.model).to(rt.device)
-        self.model = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        self.raw_model = DecoderLM(cfg.model, loss_chunk_tokens=cfg.perf.loss_chunk_tokens).to(rt.device)
+        # Compile the module, then wrap it: DDP's optimizer then splits the graph at bucket boundaries so
+        # communication overlaps compute (https://pytorch.org/docs/stable/notes/ddp.html, TorchDynamo DDP).
+        inner = torch.compile(self.raw_model) if cfg.perf.compile else self.raw_model
+        self.model = DistributedDataParallel(
+            inner,
+            device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+            process_group=rt.device_group,
+        )
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+            self.raw_model.parameters(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
+            fused=cfg.perf.fused_adamw,
         )
         self.scheduler = LambdaLR(
             self.optimizer, warmup_cosine(cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio)
         )
-        self.powersgd = register_grad_hook(self.model, cfg.comm, rt.grad_group, seed=cfg.train.seed)
-        self.meter = attach_meter(rt.grad_group)
+        self.powersgd, self.meter = register_grad_hook(self.model, cfg.comm, rt.device_group, seed=cfg.train.seed)
         self.checkpointer = Checkpointer(
             cfg.checkpoint_dir,
             keep_last=cfg.checkpoint.keep_last,
             async_save=cfg.checkpoint.async_save,
-            group=rt.checkpoint_group,
+            group=rt.cpu_group,
             is_main=env.is_main,
         )
         self.stop = StopRequest(cfg.shutdown.grace_period_s)
         self.progress = ProgressLog(cfg.progress_file if env.is_main else None)
         self.metrics = TrainMetrics()
         self.step = 0
-        self.samples = 0
+
+    @property
+    def samples(self) -> int:
+        """The data position: samples consumed, the same number at every world size."""
+        return self.step * self.cfg.train.global_batch_size
 
     # -- checkpoint state -------------------------------------------------------------------------
 
     def _state(self, rank_local: bool) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.raw_model, self.optimizer)
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
             "scheduler": self.scheduler.state_dict(),
-            # World-size independent: per-shard cursors, and the global sample count they sum to.
-            "progress": {"step": self.step, "samples": self.samples, "cursors": self.cursors.clone()},
+            # World-size independent: the step, and the global sample position it implies.
+            "progress": {"step": self.step, "samples": self.samples},
             "config": self.cfg.to_yaml(),
         }
         if rank_local:
@@ -148,15 +184,12 @@ class Trainer:
             state["rank_local"] = {str(self.rt.env.rank): pickle.dumps(blob)}
         return state
 
-    def _merged_cursors(self) -> None:
-        # Each rank advanced only the shards it owns and cursors never decrease: MAX merges them.
-        dist.all_reduce(self.cursors, op=dist.ReduceOp.MAX)
-
     def save(self) -> None:
-        self._merged_cursors()
         meta = {"world_size": self.rt.env.world_size, "samples": self.samples}
         self.checkpointer.save(self.step, self._state(rank_local=True), meta)
-        self.progress.write("checkpoint", step=self.step, samples=self.samples, cursor_sum=int(self.cursors.sum()))
+        self.progress.write(
+            "checkpoint", step=self.step, samples=self.samples, blocking_seconds=self.checkpointer.last_blocking_seconds
+        )
 
     def restore(self) -> CheckpointRef | None:
         world_size = self.rt.env.world_size
@@ -165,11 +198,11 @@ class Trainer:
             return self._state(rank_local=meta.get("world_size") == world_size)
 
         def apply(state: dict[str, Any]) -> None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(
+                self.raw_model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
             self.scheduler.load_state_dict(state["scheduler"])
-            progress = state["progress"]
-            self.step, self.samples = int(progress["step"]), int(progress["samples"])
-            self.cursors.copy_(progress["cursors"])
+            self.step = int(state["progress"]["step"])
             changed = changed_keys(yaml.safe_load(state["config"]), yaml.safe_load(self.cfg.to_yaml()))
             if changed:
                 log.warning(kv("config_changed_since_checkpoint", keys=",".join(changed), using="current"))
@@ -201,28 +234,40 @@ class Trainer:
     def _train_step(self) -> tuple[float, bool]:
         cfg, device = self.cfg, self.rt.device
         self.model.train()
+        batches = self.loader.step_batches(self.step)
+        if self.trace_file is not None:
+            self._trace(self.loader.last_record_ids.tolist())
         loss_sum = torch.zeros((), device=device)
-        for micro in range(self.accum):
-            inputs, targets = (
-                t.to(device, non_blocking=True) for t in self.stream.next_batch(cfg.train.micro_batch_size)
-            )
+        for micro, (inputs, targets) in enumerate(batches):
             # Gradients are reduced once per optimizer step: skip DDP's all-reduce on earlier micro-steps.
             sync = contextlib.nullcontext() if micro == self.accum - 1 else self.model.no_sync()
             with sync:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                    loss = lm_loss(self.model(inputs), targets) / self.accum
+                with self._autocast():
+                    loss = self.model(inputs, targets) / self.accum
                 loss.backward()
             loss_sum += loss.detach()
         if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.optim.grad_clip, foreach=True)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.samples += cfg.train.global_batch_size
         stats = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=device)])
-        dist.all_reduce(stats)
-        return float(stats[0]) / self.rt.env.world_size, bool(stats[1] > 0)
+        dist.all_reduce(stats, group=self.rt.device_group)
+        loss_total, votes = stats.tolist()  # the step's one host sync
+        return loss_total / self.rt.env.world_size, votes > 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.rt.device.type, dtype=self.autocast)
+
+    def _trace(self, record_ids: list[int]) -> None:
+        assert self.trace_file is not None
+        self.trace_file.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"step": self.step + 1, "rank": self.rt.env.rank, "world_size": self.rt.env.world_size}
+        with open(self.trace_file, "a") as handle:
+            handle.write(json.dumps({**entry, "records": record_ids}) + "\n")
 
     def run(self) -> int:
         cfg, env = self.cfg, self.rt.env
@@ -274,7 +319,7 @@ class Trainer:
                 last_saved = self.step
         if last_saved != self.step:
             self.save()
-        self.checkpointer.wait()
+        self.checkpointer.close()
         self.stop.cancel()
         if stopped:
             log.warning(kv("stopped", step=self.step, signal=self.stop.signal_name))

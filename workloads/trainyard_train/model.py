@@ -7,6 +7,7 @@ from torch import nn
 from torch.nn import functional
 
 from .config import ModelConfig
+from .loss import linear_cross_entropy
 
 
 class CausalSelfAttention(nn.Module):
@@ -45,9 +46,10 @@ class Block(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, loss_chunk_tokens: int = 4096) -> None:
         super().__init__()
         self.cfg = cfg
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -63,14 +65,18 @@ class DecoderLM(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        logits: torch.Tensor = self.head(self.ln_f(x))
-        return logits
+        hidden: torch.Tensor = self.ln_f(x)
+        return hidden
 
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, or with ``targets`` the mean next-token loss (never the full logits at once)."""
+        hidden = self.hidden_states(tokens)
+        if targets is None:
+            logits: torch.Tensor = self.head(hidden)
+            return logits
+        return linear_cross_entropy(hidden.flatten(0, 1), self.head.weight, targets.flatten(), self.loss_chunk_tokens)

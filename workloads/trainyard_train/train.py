@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = Trainer(cfg, runtime).run()
         # Leave together: a rank tearing down gloo while its peer still finishes the last commit
         # intermittently aborted ("terminate called without an active exception") on CPU.
-        dist.barrier()
+        dist.barrier(group=runtime.cpu_group)
         return code
     finally:
         destroy_distributed()
