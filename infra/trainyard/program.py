@@ -23,7 +23,7 @@ def main() -> None:
 def build(settings: Settings, secrets: Secrets) -> None:
     control_plane = cloud.build(settings)
     # The CNI goes in before any node joins: a node without one never turns Ready.
-    cni = platform.build_cni(settings, control_plane.context)
+    cni = platform.build_cni(settings, control_plane.context, secrets)
     cluster = control_plane.join_nodes([cni.release] if cni is not None else [])
     platform_context = platform.build(settings, cluster, secrets, cni)
     workloads.build(settings, platform_context)

@@ -8,6 +8,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import pulumi
@@ -53,14 +54,26 @@ def load_settings() -> tuple[Settings, Secrets]:
     return settings, Secrets(grafana_admin_password=config.get_secret("grafanaAdminPassword"))
 
 
+@cache
+def settings_model() -> type[Settings]:
+    """Settings with its `addons` section built from the add-on registry (platform/addons.yaml)."""
+    # Imported here, at first use: the platform modules the registry loads import config types themselves.
+    from trainyard.platform.registry import load_registry, settings_section
+
+    section = settings_section(load_registry(REPO_ROOT))
+    model: type[Settings] = pydantic.create_model("Settings", __base__=Settings, addons=(section, section()))
+    return model
+
+
 def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region: str | None = None) -> Settings:
     """Validate a stack's `project:*` values (already without the prefix) into Settings.
 
     `aws_region`: the stack's `aws:region`, if set (it must agree with `aws.region`).
     """
     data = {"project": project, "stack": stack, **{k: v for k, v in raw.items() if k not in SECRET_KEYS}}
+    model = settings_model()
     try:
-        settings = Settings.model_validate(data)
+        settings = model.model_validate(data)
         problems: list[rules.Problem] = []
     except pydantic.ValidationError as exc:
         errors = exc.errors()
@@ -69,7 +82,7 @@ def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region:
         # check the stack again with the default in its place, rules included, and keep what concerns other keys.
         if not all(_recoverable(tuple(e["loc"]), e["type"]) for e in errors):
             raise ConfigError(project, stack, problems) from None
-        settings = Settings.model_validate(_without(data, [tuple(e["loc"]) for e in errors]))
+        settings = model.model_validate(_without(data, [tuple(e["loc"]) for e in errors]))
         bad = {p.path for p in problems}
     else:
         bad = set()
@@ -151,7 +164,7 @@ def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
 
 def _resolve(loc: tuple[int | str, ...]) -> tuple[Any, FieldInfo | None]:
     """The type at `loc` in Settings (Optional/Annotated stripped) and the field declaring it, if a field does."""
-    current: Any = Settings
+    current: Any = settings_model()
     field: FieldInfo | None = None
     for part in loc:
         current = _unwrap(current)

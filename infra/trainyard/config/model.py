@@ -221,18 +221,21 @@ class TimeSlicing(Model):
     replicas: Annotated[int, Field(ge=2, le=64)] = 4
 
 
-class CiliumSettings(Model):
+class AddonSwitch(Model):
+    """An add-on's section of `addons`: its switch, and the settings a subclass adds."""
+
     enabled: bool = True
+
+
+class CiliumSettings(AddonSwitch):
     hubble_ui: bool = False
 
 
-class GpuOperatorSettings(Model):
-    enabled: bool = True
+class GpuOperatorSettings(AddonSwitch):
     time_slicing: TimeSlicing = TimeSlicing()
 
 
-class RookCephSettings(Model):
-    enabled: bool = True
+class RookCephSettings(AddonSwitch):
     replicas: Annotated[int, Field(ge=1, le=5)] = 3
     failure_domain: Literal["host", "zone"] = "host"
     # Periodic CephFS snapshots of checkpoint volumes (cron in UTC) and how many to keep.
@@ -240,29 +243,30 @@ class RookCephSettings(Model):
     snapshot_retention: Annotated[int, Field(ge=1, le=100)] = 8
 
 
-class AlluxioSettings(Model):
-    enabled: bool = True
+class AlluxioSettings(AddonSwitch):
     memory_cache: Quantity = "16Gi"
     ssd_cache: Quantity = "1000Gi"
     dataset_prefix: str = "datasets/"
 
 
-class VolcanoSettings(Model):
-    enabled: bool = True
-
-
-class MonitoringSettings(Model):
-    enabled: bool = True
+class MonitoringSettings(AddonSwitch):
     retention: Annotated[str, Field(pattern=r"^[0-9]+[dhw]$")] = "15d"
     storage_size: Quantity = "100Gi"
 
 
 class AddonSettings(Model):
+    """The typed view of the add-ons whose settings other layers read (config rules, the cloud layer).
+
+    The `addons` section stacks are validated against is built from the add-on registry
+    (`trainyard.platform.registry.settings_section`): one key per add-on of platform/addons.yaml, with the
+    settings type its component declares. The registry refuses a field here that it does not also build.
+    """
+
     cilium: CiliumSettings = CiliumSettings()
     gpu_operator: GpuOperatorSettings = GpuOperatorSettings()
     rook_ceph: RookCephSettings = RookCephSettings()
     alluxio: AlluxioSettings = AlluxioSettings()
-    volcano: VolcanoSettings = VolcanoSettings()
+    volcano: AddonSwitch = AddonSwitch()
     monitoring: MonitoringSettings = MonitoringSettings()
 
 

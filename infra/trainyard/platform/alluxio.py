@@ -11,8 +11,9 @@ import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.cloud.userdata import CACHE_MOUNT
-from trainyard.config.model import AlluxioSettings
+from trainyard.config.model import AlluxioSettings, Settings
 from trainyard.names import DATASET_NAMESPACE, ROLE_LABEL
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
 from trainyard.platform.scheduling import role_affinity, tolerations_for
@@ -116,3 +117,23 @@ class Alluxio(pulumi.ComponentResource):
         ]
         self.claim = DATASET_NAME
         self.register_outputs({"release": self.release.id, "claim": self.claim})
+
+
+def build(ctx: AddonContext) -> Alluxio:
+    cluster = ctx.cluster
+    if cluster.dataset_bucket is None or cluster.region is None:
+        raise ValueError("Alluxio needs the AWS target's dataset bucket and region (ClusterContext)")
+    return Alluxio(ctx.addon.resource_name, AlluxioArgs(
+        chart=ctx.chart("fluid"), cluster=cluster, settings=ctx.settings(AlluxioSettings),
+        bucket=cluster.dataset_bucket, region=cluster.region, gpu_pools=cluster.pools_with("gpu"),
+        workers=max(1, sum(pool.desired_size for pool in ctx.stack.pools("gpu"))),
+        tenant_namespaces={facts.namespace: facts.ready for facts in ctx.tenants.values()},
+        depends_on=ctx.after))
+
+
+def _gpu_pools_on_aws(stack: Settings) -> bool:
+    # The cache sits on GPU nodes' NVMe in front of the AWS dataset bucket.
+    return stack.is_aws and bool(stack.pools("gpu"))
+
+
+COMPONENT = AddonCode(build=build, settings=AlluxioSettings, applies=_gpu_pools_on_aws)

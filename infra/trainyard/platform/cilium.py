@@ -9,6 +9,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext
+from trainyard.config.model import CiliumSettings
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 
 # The API server host is only known once the cluster exists (an Output), so it reaches the agent through a
@@ -56,3 +58,12 @@ class Cilium(pulumi.ComponentResource):
         self.release = helm_release(f"{name}-release", args.chart, cluster, self, values=cilium_values(args),
                                     depends_on=endpoint, wait=False)
         self.register_outputs({"release": self.release.id})
+
+
+def build(ctx: AddonContext) -> Cilium:
+    return Cilium(ctx.addon.resource_name, CiliumArgs(
+        chart=ctx.chart("cilium"), cluster=ctx.cluster, native_routing_cidr=ctx.stack.network.vpc_cidr,
+        hubble_ui=ctx.settings(CiliumSettings).hubble_ui))
+
+
+COMPONENT = AddonCode(build=build, settings=CiliumSettings)

@@ -12,13 +12,16 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
-from trainyard.config.model import TimeSlicing
+from trainyard.config.model import GpuOperatorSettings, Settings, TimeSlicing
+from trainyard.paths import PLATFORM_DIR
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.scheduling import tolerations_for
 
 MIG_CONFIG_KEY = "config.yaml"
 DCGM_METRICS_KEY = "dcgm-metrics.csv"
 TIME_SLICED_CONFIG = "time-sliced"
+DATA_DIR = PLATFORM_DIR / "gpu-operator"
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,10 @@ class GpuOperatorArgs:
     dcgm_metrics: str
     time_slicing: TimeSlicing
     efa_chart: HelmChart | None = None
-    # kube-prometheus-stack: the DCGM exporter ServiceMonitor needs its CRD; None turns the ServiceMonitor off.
-    monitoring: pulumi.Resource | None = None
     depends_on: Sequence[pulumi.Resource] = ()
+    # depends_on plus kube-prometheus-stack when monitoring is on: the DCGM exporter ServiceMonitor needs its CRD
+    # (the chart's switch for it is set by the add-on framework, platform/addons.yaml serviceMonitors).
+    monitored: Sequence[pulumi.Resource] = ()
 
 
 def device_plugin_configs(base: dict[str, Any], time_slicing: TimeSlicing) -> dict[str, str]:
@@ -56,7 +60,6 @@ def gpu_operator_values(args: GpuOperatorArgs) -> tuple[dict[str, Any], dict[str
     computed = {
         "daemonsets": {"tolerations": tolerations_for(args.gpu_pools)},
         "devicePlugin": {"config": {"create": False}},
-        "dcgmExporter": {"serviceMonitor": {"enabled": args.monitoring is not None}},
     }
     return base, computed
 
@@ -82,10 +85,9 @@ class GpuOperator(pulumi.ComponentResource):
                              device_plugin_configs(dict(args.chart.base_values), args.time_slicing), cluster,
                              namespace),
         ]
-        monitoring = [args.monitoring] if args.monitoring is not None else []
         self.release = helm_release(
             f"{name}-release", HelmChart(pin, base), cluster, self, values=computed,
-            depends_on=[*args.depends_on, namespace, *config_maps, *monitoring],
+            depends_on=[*args.monitored, namespace, *config_maps],
         )
         self.efa: k8s.helm.v3.Release | None = None
         if args.efa_chart is not None:
@@ -100,3 +102,23 @@ class GpuOperator(pulumi.ComponentResource):
             data=data,
             opts=k8s_options(cluster, self, [namespace]),
         )
+
+
+def build(ctx: AddonContext) -> GpuOperator:
+    gpu_pools = ctx.cluster.pools_with("gpu")
+    efa = any(pool.efa_interfaces > 0 for pool in gpu_pools)
+    return GpuOperator(ctx.addon.resource_name, GpuOperatorArgs(
+        chart=ctx.chart("gpu-operator"), cluster=ctx.cluster, gpu_pools=gpu_pools,
+        mig_layouts=(DATA_DIR / "mig-layouts.yaml").read_text(encoding="utf-8"),
+        dcgm_metrics=(DATA_DIR / "dcgm-metrics.csv").read_text(encoding="utf-8"),
+        time_slicing=ctx.settings(GpuOperatorSettings).time_slicing,
+        # Only EFA instances have EFA devices to advertise.
+        efa_chart=ctx.chart("aws-efa-k8s-device-plugin") if efa else None,
+        depends_on=ctx.after, monitored=ctx.monitored))
+
+
+def _has_gpu_pools(stack: Settings) -> bool:
+    return bool(stack.pools("gpu"))
+
+
+COMPONENT = AddonCode(build=build, settings=GpuOperatorSettings, applies=_has_gpu_pools)

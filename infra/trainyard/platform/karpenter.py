@@ -1,11 +1,7 @@
 """Karpenter in the cluster: the controller chart, then one EC2NodeClass and one NodePool per GPU pool.
 
-The platform layer installs it after the CNI (the controller's pods need pod networking)::
-
-    from trainyard.platform.karpenter import Karpenter, KarpenterArgs
-
-    chart = HelmChart(catalogue.chart("karpenter"), catalogue.values("karpenter"))
-    Karpenter("karpenter", KarpenterArgs(cluster=cluster, chart=chart, after=(cilium_release,)))
+The platform layer installs it, on AWS, after the CNI (the controller's pods need pod networking) and, when
+monitoring is on, after kube-prometheus-stack (its chart ships a ServiceMonitor): see platform/addons.yaml.
 
 Teardown: node classes and pools are *not* deleted with the cluster (`controller_deletes`) and depend on the
 release, so `pulumi destroy` deletes them first, while the controller still runs and can terminate the EC2
@@ -27,6 +23,8 @@ import pulumi_kubernetes as k8s
 
 from trainyard import names
 from trainyard.cloud.context import ClusterContext, KarpenterFacts, PoolFacts
+from trainyard.config.model import Settings
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
@@ -101,7 +99,7 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
 class KarpenterArgs:
     cluster: ClusterContext
     chart: HelmChart
-    # What must run before the controller: the CNI release.
+    # What must run before the controller: the CNI release, kube-prometheus-stack when monitoring is on.
     after: tuple[pulumi.Resource, ...] = ()
 
 
@@ -142,3 +140,16 @@ class Karpenter(pulumi.ComponentResource):
 
 def _labels(pool: PoolFacts) -> dict[str, str]:
     return labels("karpenter", "node-pool", **{names.POOL_LABEL: pool.name})
+
+
+def build(ctx: AddonContext) -> Karpenter:
+    return Karpenter(ctx.addon.resource_name, KarpenterArgs(
+        cluster=ctx.cluster, chart=ctx.chart("karpenter"), after=ctx.monitored))
+
+
+def _on_aws(stack: Settings) -> bool:
+    # The cloud layer provisions Karpenter's AWS side (queue, node role) on every AWS stack.
+    return stack.is_aws
+
+
+COMPONENT = AddonCode(build=build, applies=_on_aws)

@@ -6,16 +6,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
+import yaml
 
 from trainyard.cloud.context import ClusterContext
 from trainyard.config.model import MonitoringSettings
+from trainyard.paths import PLATFORM_DIR
+from trainyard.platform.addon import AddonCode, AddonContext, ScrapeTarget
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
+from trainyard.platform.rook_ceph import block_storage_class
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"
 GRAFANA_SECRET = "grafana-admin"
@@ -27,14 +32,9 @@ RETENTION_SHARE = 0.85
 _GIB = {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024, "M": 1e6 / 2**30, "G": 1e9 / 2**30, "T": 1e12 / 2**30}
 _QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>Mi|Gi|Ti|M|G|T)$")
 
-# Cilium comes up before the ServiceMonitor CRD exists, so its chart cannot ship these; same selectors and
-# ports as the chart's own (agent: k8s-app=cilium port metrics; operator: io.cilium/app=operator port metrics;
-# Hubble: k8s-app=hubble port hubble-metrics), all Services in kube-system.
-CILIUM_TARGETS: Mapping[str, tuple[dict[str, str], str]] = {
-    "cilium-agent": ({"k8s-app": "cilium"}, "metrics"),
-    "cilium-operator": ({"io.cilium/app": "operator"}, "metrics"),
-    "hubble": ({"k8s-app": "hubble"}, "hubble-metrics"),
-}
+RULES_DIR = PLATFORM_DIR / "monitoring" / "rules"
+DASHBOARDS_DIR = PLATFORM_DIR / "monitoring" / "dashboards"
+ADAPTER_RULES = PLATFORM_DIR / "prometheus-adapter" / "rules.yaml"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class MonitoringArgs:
     adapter_rules: Mapping[str, Any]
     # Ceph RBD StorageClass for Prometheus' volume, or None for the cluster default.
     storage_class: str | None = None
-    scrape_cilium: bool = False
+    # Services of other add-ons whose metrics no chart ServiceMonitor covers (platform/addons.yaml `scrape`).
+    scrape: tuple[ScrapeTarget, ...] = ()
     depends_on: Sequence[pulumi.Resource] = ()
 
 
@@ -100,11 +101,13 @@ def prometheus_rule(name: str, namespace: str, groups: Mapping[str, Any]) -> dic
             "spec": {"groups": list(groups["groups"])}}
 
 
-def cilium_service_monitor(name: str, namespace: str, selector: dict[str, str], port: str) -> dict[str, Any]:
+def service_monitor(target: ScrapeTarget, namespace: str) -> dict[str, Any]:
+    """A ServiceMonitor in the monitoring namespace for a Service in the target's namespace."""
     return {"apiVersion": MONITORING_API_VERSION, "kind": "ServiceMonitor",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels(name, "monitoring")},
-            "spec": {"selector": {"matchLabels": selector}, "namespaceSelector": {"matchNames": ["kube-system"]},
-                     "endpoints": [{"port": port, "interval": "30s", "honorLabels": True}]}}
+            "metadata": {"name": target.name, "namespace": namespace, "labels": labels(target.name, "monitoring")},
+            "spec": {"selector": {"matchLabels": dict(target.selector)},
+                     "namespaceSelector": {"matchNames": [target.namespace]},
+                     "endpoints": [{"port": target.port, "interval": "30s", "honorLabels": target.honor_labels}]}}
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -132,10 +135,8 @@ class Monitoring(pulumi.ComponentResource):
         for stem, groups in sorted(args.rules.items()):
             custom_resource(f"{name}-rules-{stem}", prometheus_rule(f"trainyard-{stem}", ns_name, groups),
                             after_release)
-        if args.scrape_cilium:
-            for target, (selector, port) in CILIUM_TARGETS.items():
-                custom_resource(f"{name}-{target}", cilium_service_monitor(target, ns_name, selector, port),
-                                after_release)
+        for target in args.scrape:
+            custom_resource(f"{name}-{target.name}", service_monitor(target, ns_name), after_release)
         self.gpu_utilization_metric = gpu_utilization_metric(args.adapter_rules)
         self.adapter = helm_release(f"{name}-adapter", args.adapter_chart, cluster, self,
                                     values={"rules": dict(args.adapter_rules)}, depends_on=[self.release])
@@ -147,3 +148,22 @@ class Monitoring(pulumi.ComponentResource):
             return args.grafana_admin_password
         return random.RandomPassword(f"{name}-grafana-password", length=32, special=False,
                                      opts=pulumi.ResourceOptions(parent=self)).result
+
+
+def build(ctx: AddonContext) -> Monitoring:
+    return Monitoring(ctx.addon.resource_name, MonitoringArgs(
+        stack_chart=ctx.chart("kube-prometheus-stack"), adapter_chart=ctx.chart("prometheus-adapter"),
+        cluster=ctx.cluster, settings=ctx.settings(MonitoringSettings),
+        grafana_admin_password=ctx.secrets.grafana_admin_password,
+        rules={path.name.removesuffix(".rules.yaml"): _yaml(path) for path in sorted(RULES_DIR.glob("*.rules.yaml"))},
+        dashboards={path.stem: path.read_text(encoding="utf-8") for path in sorted(DASHBOARDS_DIR.glob("*.json"))},
+        adapter_rules=_yaml(ADAPTER_RULES)["rules"],
+        storage_class=block_storage_class(ctx.chart("rook-ceph-cluster")) if ctx.is_on("rookCeph") else None,
+        scrape=tuple(target for addon in ctx.enabled for target in addon.scrape), depends_on=ctx.after))
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+COMPONENT = AddonCode(build=build, settings=MonitoringSettings)

@@ -11,7 +11,8 @@ from typing import Any
 import pulumi
 
 from trainyard.cloud.context import ClusterContext
-from trainyard.config.model import RookCephSettings
+from trainyard.config.model import RookCephSettings, Settings
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release
 
 # ceph-csi creates every CephFS subvolume (checkpoint PVC) under this group directory; one schedule covers all.
@@ -28,7 +29,8 @@ class RookCephArgs:
     # Nodes in the system pool (mons and mgrs each need their own node).
     system_nodes: int
     csi_drivers_chart: HelmChart | None = None
-    # kube-prometheus-stack: Rook's ServiceMonitors/PrometheusRules need its CRDs; None turns them off.
+    # kube-prometheus-stack when monitoring is on: Rook's ServiceMonitors/PrometheusRules need its CRDs (the charts'
+    # switches for them are set by the add-on framework, platform/addons.yaml serviceMonitors).
     monitoring: pulumi.Resource | None = None
     # snapshot.storage.k8s.io CRDs (EKS snapshot-controller add-on) for the VolumeSnapshotClasses.
     snapshot_crds: Sequence[pulumi.Resource] = ()
@@ -55,9 +57,8 @@ def snapshot_interval(cron: str) -> str:
 
 
 def cluster_values(args: RookCephArgs) -> dict[str, Any]:
-    """Computed rook-ceph-cluster values: daemon counts, replication, snapshot schedule, monitoring wiring."""
+    """Computed rook-ceph-cluster values: daemon counts, replication, snapshot schedule."""
     base, rook = args.cluster_chart.base_values, args.settings
-    monitoring = args.monitoring is not None
     replicated = {"size": rook.replicas,
                   # Rook refuses size 1 pools unless told that losing the only copy is accepted (dev).
                   "requireSafeReplicaSize": rook.replicas > 1}
@@ -79,11 +80,9 @@ def cluster_values(args: RookCephArgs) -> dict[str, Any]:
             "snapshotRetention": [{"path": CSI_SUBVOLUME_PATH, "duration": f"{rook.snapshot_retention}n"}],
         }
     return {
-        "monitoring": {"enabled": monitoring, "createPrometheusRules": monitoring},
         "cephClusterSpec": {
             "mon": {"count": 3 if args.system_nodes >= 3 else 1},
             "mgr": {"count": 2 if args.system_nodes >= 2 else 1},
-            "monitoring": {"enabled": monitoring},
         },
         "cephBlockPools": block_pools,
         "cephFileSystems": filesystems,
@@ -116,11 +115,10 @@ class RookCeph(pulumi.ComponentResource):
         super().__init__("trainyard:platform:RookCeph", name, None, opts)
         cluster = args.cluster
         monitoring = [args.monitoring] if args.monitoring is not None else []
-        self.operator = helm_release(
-            f"{name}-operator", args.operator_chart, cluster, self,
-            values={"monitoring": {"enabled": bool(monitoring)},
-                    "csi": {"serviceMonitor": {"enabled": bool(monitoring)}}},
-            depends_on=[*args.depends_on, *monitoring])
+        self.operator = helm_release(f"{name}-operator", args.operator_chart, cluster, self,
+                                     depends_on=[*args.depends_on, *monitoring])
+        # What an add-on needing Rook waits for: the operator, which owns the ceph.rook.io CRDs.
+        self.release = self.operator
         storage_deps: list[pulumi.Resource] = [self.operator, *monitoring, *args.snapshot_crds]
         self.csi_drivers = None
         if args.csi_drivers_chart is not None:
@@ -129,4 +127,21 @@ class RookCeph(pulumi.ComponentResource):
                                             depends_on=[self.operator])
             storage_deps.append(self.csi_drivers)
         self.storage = CephStorage(f"{name}-storage", args, storage_deps, pulumi.ResourceOptions(parent=self))
+        self.checkpoint_storage_class = filesystem_storage_class(args.cluster_chart)
         self.register_outputs({"operator": self.operator.id, "storage": self.storage.release.id})
+
+
+def build(ctx: AddonContext) -> RookCeph:
+    return RookCeph(ctx.addon.resource_name, RookCephArgs(
+        operator_chart=ctx.chart("rook-ceph"), cluster_chart=ctx.chart("rook-ceph-cluster"), cluster=ctx.cluster,
+        settings=ctx.settings(RookCephSettings), system_nodes=sum(pool.min_size for pool in ctx.stack.pools("system")),
+        csi_drivers_chart=ctx.chart("ceph-csi-drivers"), monitoring=ctx.monitoring,
+        snapshot_crds=ctx.snapshot_crds, depends_on=ctx.after, protect=ctx.stack.protect))
+
+
+def _on_aws(stack: Settings) -> bool:
+    # OSDs live on the storage pool's instance-store NVMe, which only the AWS target has.
+    return stack.is_aws
+
+
+COMPONENT = AddonCode(build=build, settings=RookCephSettings, applies=_on_aws)
