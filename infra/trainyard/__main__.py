@@ -4,6 +4,7 @@
 `--rehearse` then walks it in the engine's creation order and fails (exit 1) on the first resource that would
 hang or fail.
 `diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
+`region` prints a stack's validated AWS region, so CI configures credentials for the region the stack deploys to.
 """
 
 from __future__ import annotations
@@ -48,10 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     diff.add_argument("--base", help="git ref to compare against (default: origin/main if it exists, else HEAD)")
     diff.add_argument("--stack", action="append", dest="stacks", help="repeatable; default: every stack")
     diff.add_argument("--format", choices=("markdown", "text"), default="text")
+    region = commands.add_parser("region", help="print a stack's validated AWS region (CI configures credentials "
+                                                 "for it)")
+    region.add_argument("--stack", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "diff":
             return _diff(args.base, args.stacks, args.format)
+        if args.command == "region":
+            return _region(read_stack(args.stack))
         return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
     except (InputError, ConfigError) as error:
         # Bad input is the user's to fix: one message, no traceback, exit 2 (as argparse does for bad options).
@@ -67,6 +73,14 @@ def _diff(base: str | None, stacks: list[str] | None, fmt: str) -> int:
     ref = resolve_ref(REPO_ROOT, base) if base is not None else default_base(REPO_ROOT)
     diffs = diff_against(REPO_ROOT, ref, stacks or available)
     print(format_diff(diffs, "markdown" if fmt == "markdown" else "text", ref), end="")
+    return 0
+
+
+def _region(stack: StackFile) -> int:
+    settings = settings_of(stack)
+    if settings.aws is None:
+        raise InputError(f"stack {stack.stack!r} has no AWS region: its target is {settings.target!r}")
+    print(settings.aws.region)
     return 0
 
 

@@ -100,6 +100,8 @@ CASES: list[tuple[str, Argv]] = [
     ("diff-unknown-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "nope"]),
     ("diff-path-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "../../etc/passwd"]),
     ("diff-one-unknown-of-two", lambda s, t: ["diff", "--base", "HEAD", "--stack", "dev", "--stack", "prdo"]),
+    ("region-local-stack", lambda s, t: ["region", "--stack", "local"]),
+    ("region-unknown-stack", lambda s, t: ["region", "--stack", "../Pulumi"]),
 ]
 
 
@@ -193,3 +195,8 @@ def test_an_empty_existing_folder_is_used(tmp_path: Path) -> None:
 def test_the_committed_plans_carry_the_marker() -> None:
     for stack in ("dev", "staging", "prod", "local"):
         assert (ROOT / "plans" / stack / MARKER).is_file(), f"plans/{stack} was not written by `make plans`"
+
+
+def test_region_prints_the_stacks_validated_region(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["region", "--stack", "prod"]) == 0
+    assert capsys.readouterr().out == "us-west-2\n"
