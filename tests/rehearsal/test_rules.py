@@ -297,3 +297,22 @@ def test_pod_identity_behind_a_default_deny_needs_the_host_entity() -> None:
 
     assert rules_of(eks, cni, system, association, policy(old_rule)) == [("pod-identity-reachable", "deny")]
     assert findings(eks, cni, system, association, policy(new_rule)) == []
+
+
+def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    limited = rec(pool.type, pool.name, {**pool.inputs, "spec": {**pool.inputs["spec"],
+                                                                  "limits": {"nvidia.com/gpu": "16"}}},
+                  (karpenter, node_class))
+    volcano = _volcano("allocate, backfill", system)
+    queue = rec("kubernetes:scheduling.volcano.sh/v1beta1:Queue", "q", {
+        "metadata": {"name": "team"}, "spec": {"capability": {"nvidia.com/gpu": "16"}}}, (volcano,))
+    gang = job("train", gpu_pod("h100", {"nvidia.com/gpu": "8"}), volcano, queue, replicas=3)
+    gang = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "queue": "team"}}, (volcano, queue))
+    problems = findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, gang)
+    assert [f.rule for f in problems] == ["queue-fits", "karpenter-can-launch"]
+    assert "queue team" in problems[0].problem and "limits of NodePool(s) h100 allow (16)" in problems[1].problem
+    two = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "minAvailable": 2}}, (volcano, queue))
+    assert findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, two) == []

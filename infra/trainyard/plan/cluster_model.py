@@ -122,6 +122,7 @@ class Pool:
     offers: tuple[InstanceOffer, ...]
     nodes: int  # nodes present without autoscaling (a managed group's desired size; 0 for Karpenter)
     autoscaled: bool = False  # Karpenter launches nodes for pending pods that fit
+    limits: Mapping[str, float] = field(default_factory=dict)  # a NodePool's spec.limits (resource -> total)
     unknown_labels: bool = False  # an existing cluster (local/kind) whose node labels the plan cannot see
 
     @property

@@ -191,8 +191,9 @@ def _karpenter_pool(record: ResourceRecord, overlays: list[ResourceRecord]) -> P
     # startupTaints are expected to go once the node is set up; Karpenter schedules as if they were gone
     # (karpenter.sh/docs/concepts/nodepools, "startupTaints").
     taints = tuple(Taint.of(t) for t in lookup(spec, "spec.taints", ()) or ())
+    limits = {str(k): quantity(v) for k, v in (lookup(record.inputs, "spec.limits", {}) or {}).items()}
     return Pool(name=name, labels=frozen_labels(labels), taints=taints, offers=tuple(offers), nodes=0,
-                autoscaled=True)
+                autoscaled=True, limits=limits)
 
 
 def _requirement_holds(raw: Mapping[str, Any], labels: Mapping[str, set[str]]) -> bool:

@@ -23,6 +23,7 @@ from trainyard.plan.cluster_model import (
     can_run_now,
     fits_some_offer,
     label_mismatch,
+    quantity,
     short_resources,
     untolerated,
 )
@@ -269,23 +270,49 @@ def karpenter_can_launch(record: ResourceRecord, moment: Moment) -> str | None:
             problem += f" (no NodeOverlay gives {', '.join(mig)} to the pool; overlays: " \
                        f"{', '.join(moment.after.overlays) or 'none'})"
         return f"{pod.name} stays Pending, Karpenter launches no node for it: {problem}"
+    return _within_pool_limits(record, pools)
+
+
+# Karpenter launches no node past a NodePool's spec.limits (karpenter.sh/docs/concepts/nodepools, "Limits"): a
+# gang needing more of a limited resource than its pools may hold never gets all its nodes.
+def _within_pool_limits(record: ResourceRecord, pools: tuple[Pool, ...]) -> str | None:
+    task_pods = [pod for pod, _ in _task_pods(record)]
+    if any(can_run_now(pod, pools) for pod in task_pods):
+        return None
+    candidates = {p.name: p for p in pools
+                  if p.autoscaled and any(admits(pod, p) and fits_some_offer(pod, p) for pod in task_pods)}
+    for resource, amount in sorted(gang_needs(record).items()):
+        limits = [pool.limits.get(resource) for pool in candidates.values()]
+        if not limits or any(limit is None for limit in limits):
+            continue  # some pool sets no limit on it
+        allowed = sum(limit for limit in limits if limit is not None)
+        if amount > allowed:
+            return (f"its gang needs {amount:g} {resource}, more than the limits of NodePool(s) "
+                    f"{', '.join(candidates)} allow ({allowed:g})")
     return None
 
 
 # With the `enqueue` action, Volcano admits a PodGroup only into resources the cluster has now (proportion's
 # queue capacity and overcommit's idle x factor); a job for a pool at zero stays Pending, its pods are never
-# created, and no autoscaler sees them (volcano-sh/volcano issue 3910).
+# created, and no autoscaler sees them (volcano-sh/volcano issue 3910). Without `enqueue`, allocate moves a
+# Pending PodGroup to Inqueue itself (pkg/scheduler/actions/allocate/allocate.go, "no enqueue action").
+def gang_needs(record: ResourceRecord) -> dict[str, float]:
+    """What a Volcano job's gang (its first minAvailable pods) requests in all."""
+    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
+    wanted: dict[str, float] = {}
+    for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
+        for resource, amount in pod.requests.items():
+            wanted[resource] = wanted.get(resource, 0.0) + amount
+    return wanted
+
+
 def gang_admitted(record: ResourceRecord, moment: Moment) -> str | None:
     scheduler = moment.after.scheduler
     if scheduler is None:
         return "no Volcano scheduler is installed to run this job"
     if "enqueue" not in scheduler.actions or not scheduler.plugins & {"proportion", "overcommit"}:
         return None
-    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
-    wanted: dict[str, float] = {}
-    for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
-        for resource, amount in pod.requests.items():
-            wanted[resource] = wanted.get(resource, 0.0) + amount
+    wanted = gang_needs(record)
     present: dict[str, float] = {}
     for pool in ready_pools(moment.after):
         for resource, amount in (pool.offers[0].resources if pool.offers else {}).items():
@@ -295,6 +322,22 @@ def gang_admitted(record: ResourceRecord, moment: Moment) -> str | None:
         return None
     return (f"the scheduler's enqueue action keeps its PodGroup Pending: {', '.join(short)} are not in the "
             f"cluster until Karpenter adds nodes, and no pod is created for Karpenter to see")
+
+
+# The proportion plugin never allocates a queue more than its `capability` (volcano.sh docs, "Queue":
+# capability is a hard limit), so a gang asking more than its queue's capability never starts.
+def queue_fits(record: ResourceRecord, moment: Moment) -> str | None:
+    queue_name = lookup(record.inputs, "spec.queue", "default")
+    queues = [r for r in moment.records.values()
+              if r.type in QUEUES and lookup(r.inputs, "metadata.name") == queue_name]
+    if not queues:
+        return None if queue_name == "default" else f"its queue {queue_name} does not exist"
+    capability = lookup(queues[0].inputs, "spec.capability", {}) or {}
+    wanted = gang_needs(record)
+    over = sorted(r for r, limit in capability.items() if wanted.get(r, 0.0) > quantity(limit))
+    if not over:
+        return None
+    return f"its gang needs more {', '.join(over)} than queue {queue_name}'s capability allows"
 
 
 # A queue marked reclaimable gives resources back only through the `reclaim` action (volcano.sh docs, "Actions":
@@ -392,8 +435,9 @@ RULES: tuple[Rule, ...] = (
     Rule("claim-binds", _is(PVC), claim_binds,
          "pulumi-kubernetes PVC await (Bound; issue 895); Rook ceph-cluster-crd / ceph-pool-crd"),
     Rule("gang-admitted", _is(VOLCANO_JOB), gang_admitted, "volcano-sh/volcano issue 3910"),
+    Rule("queue-fits", _is(VOLCANO_JOB), queue_fits, "Volcano proportion plugin: queue capability"),
     Rule("karpenter-can-launch", _is(VOLCANO_JOB), karpenter_can_launch,
-         "Karpenter scheduling docs; aws/karpenter-provider-aws PR 8710 (NodeOverlay)"),
+         "Karpenter scheduling docs and NodePool limits; aws/karpenter-provider-aws PR 8710 (NodeOverlay)"),
     Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
     Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
