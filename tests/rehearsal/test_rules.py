@@ -256,8 +256,7 @@ def test_cache_workers_only_placeable_on_gpu_pools_are_reported() -> None:
     fluid = release("fluid", "fluid", {}, system)
     runtime_type = "kubernetes:data.fluid.io/v1alpha1:AlluxioRuntime"
     on_gpu = rec(runtime_type, "cache", {"metadata": {"name": "data", "namespace": "d"}, "spec": {
-        "replicas": 2, "worker": {"nodeSelector": {"trainyard.io/role": "gpu"}},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}, (fluid,))
+        "replicas": 2, "worker": {"nodeSelector": {"trainyard.io/role": "gpu"}}}}, (fluid,))
     dataset = rec("kubernetes:data.fluid.io/v1alpha1:Dataset", "data", {
         "metadata": {"name": "data", "namespace": "d"},
         "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}, (fluid,))

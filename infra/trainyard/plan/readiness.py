@@ -61,14 +61,16 @@ def ready_pools(state: ClusterState) -> tuple[Pool, ...]:
 
 
 def _placement_problem(pod: PodNeeds, pools: tuple[Pool, ...], *, launch: bool) -> str:
-    """Why no pool takes the pod: one clause per pool, so the message shows the nearest miss."""
+    """Why no pool takes the pod, pool by pool; pools its selectors already rule out are left out when others
+    come closer, so the message shows the nearest misses."""
     if not pools:
         return "there is no Ready node yet" + ("" if launch else " (and no Karpenter pool)")
+    matching = [p for p in pools if label_mismatch(pod, p) is None]
+    if not matching:
+        return "; ".join(f"{p.name}: {label_mismatch(pod, p)} does not match" for p in pools)
     reasons = []
-    for pool in pools:
-        if mismatch := label_mismatch(pod, pool):
-            reasons.append(f"{pool.name}: {mismatch} does not match")
-        elif taints := untolerated(pod, pool):
+    for pool in matching:
+        if taints := untolerated(pod, pool):
             reasons.append(f"{pool.name}: taint {taints[0]} not tolerated")
         elif not fits_some_offer(pod, pool):
             missing = short_resources(pod, pool.offers[0]) if pool.offers else list(pod.extended_resources)
@@ -362,20 +364,20 @@ def _dataset(record: ResourceRecord, moment: Moment) -> Mapping[str, Any]:
 
 
 # Fluid places an AlluxioRuntime's cache workers by the runtime's worker nodeSelector and its Dataset's
-# nodeAffinity and tolerations (fluid docs, "Dataset placement"). A worker that can only land on a GPU pool makes
+# nodeAffinity and tolerations (data.fluid.io CRDs: AlluxioRuntime spec.worker, Dataset spec.nodeAffinity). A worker that can only land on a GPU pool makes
 # Karpenter launch GPU nodes for the cache alone, and WhenEmpty consolidation never reclaims a node that runs a
 # non-DaemonSet pod (karpenter.sh/docs/concepts/disruption, "Consolidation").
 def cache_off_gpu_nodes(record: ResourceRecord, moment: Moment) -> str | None:
     spec = lookup(record.inputs, "spec", {}) or {}
     replicas = int(spec.get("replicas", 1) or 0)
-    if replicas == 0:
+    if replicas == 0 or lookup(spec, "worker.enabled") is False:
         return None
     dataset = _dataset(record, moment)
     worker = pod_needs(f"{record.name} worker", {
         "nodeSelector": lookup(spec, "worker.nodeSelector", {}),
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                                       lookup(dataset, "nodeAffinity.required")}} if dataset.get("nodeAffinity") else {},
-        "tolerations": [*(dataset.get("tolerations") or ()), *(lookup(spec, "worker.tolerations", ()) or ())],
+        "tolerations": dataset.get("tolerations") or (),
     })
     ready = ready_pools(moment.after)
     pools = [p for p in ready if admits(worker, p)]

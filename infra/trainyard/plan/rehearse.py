@@ -32,7 +32,7 @@ class Finding:
     source: str
 
     def __str__(self) -> str:
-        return f"{self.type} {self.name} (step {self.step}): [{self.rule}] {self.problem}\n    source: {self.source}"
+        return f"{self.type} {self.name} (step {self.step}): [{self.rule}] {self.problem}"
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,8 @@ def report(result: Rehearsal, stack: str) -> str:
                 f"({sum(p.autoscaled for p in pools)} by Karpenter), {len(result.end.storage_classes)} storage "
                 f"classes, CNI: {result.end.cni or 'none'}.")
     first, rest = result.findings[0], result.findings[1:]
-    lines = [f"Rehearsal of `pulumi up` for {stack}: FAILS. First resource that would hang or fail:", f"  {first}"]
+    lines = [f"Rehearsal of `pulumi up` for {stack}: FAILS. First resource that would hang or fail:",
+             f"  {first}", f"    (rule source: {first.source})"]
     if rest:
         lines.append(f"Then {len(rest)} more:")
         lines += [f"  {finding}" for finding in rest]
