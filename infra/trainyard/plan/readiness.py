@@ -364,9 +364,9 @@ def _dataset(record: ResourceRecord, moment: Moment) -> Mapping[str, Any]:
 
 
 # Fluid places an AlluxioRuntime's cache workers by the runtime's worker nodeSelector and its Dataset's
-# nodeAffinity and tolerations (data.fluid.io CRDs: AlluxioRuntime spec.worker, Dataset spec.nodeAffinity). A worker that can only land on a GPU pool makes
-# Karpenter launch GPU nodes for the cache alone, and WhenEmpty consolidation never reclaims a node that runs a
-# non-DaemonSet pod (karpenter.sh/docs/concepts/disruption, "Consolidation").
+# nodeAffinity and tolerations (data.fluid.io CRDs: AlluxioRuntime spec.worker, Dataset spec.nodeAffinity). A
+# worker that can only land on a GPU pool makes Karpenter launch GPU nodes for the cache alone, and WhenEmpty
+# consolidation never reclaims a node that runs a non-DaemonSet pod (karpenter.sh/docs/concepts/disruption).
 def cache_off_gpu_nodes(record: ResourceRecord, moment: Moment) -> str | None:
     spec = lookup(record.inputs, "spec", {}) or {}
     replicas = int(spec.get("replicas", 1) or 0)
