@@ -167,7 +167,7 @@ def test_item_4_checkpoint_claims_racing_ceph_are_named() -> None:
     old = cut(fresh("prod"), of_type("core/v1:PersistentVolumeClaim"), is_ceph)
     found = named(rehearse(old).findings, "claim-binds", of_type("PersistentVolumeClaim"), old)
     assert {f.name for f in found} >= {"pretrain-h100-checkpoints", "eval-mig-checkpoints"}
-    assert all("pulumi up waits for it" in f.problem for f in found)
+    assert all("pulumi up waits for the claim to bind" in f.problem for f in found)
 
 
 @pytest.mark.parametrize("stack", ["staging", "prod"])

@@ -95,8 +95,8 @@ def node_group_needs_cni(record: ResourceRecord, moment: Moment) -> str | None:
     return None
 
 
-# Pods of an EKS add-on with a Deployment; pulumi-aws waits for the add-on to be ACTIVE and EKS reports it
-# DEGRADED while those pods are not ready (terraform-provider-aws internal/service/eks/addon.go waitAddonCreated).
+# Pods of an EKS add-on with a Deployment: pulumi-aws (terraform-provider-aws internal/service/eks, waitAddonCreated)
+# waits for ACTIVE and keeps waiting through CREATING/DEGRADED until its 20 min create timeout.
 # Placement from the add-ons' default configuration (`aws eks describe-addon-configuration`): CoreDNS and the EBS
 # CSI controller tolerate CriticalAddonsOnly and run on any Linux node.
 _ADDON_PODS: Mapping[str, PodNeeds] = {
@@ -243,7 +243,9 @@ def claim_binds(record: ResourceRecord, moment: Moment) -> str | None:
     problem = _class_problem(str(name) if name else state.default_class, state)
     if problem is None:
         return None
-    return f"the claim never binds{' and pulumi up waits for it' if awaited else ''}: {problem}"
+    if awaited:
+        return f"pulumi up waits for the claim to bind, and nothing it waits on can serve it: {problem}"
+    return f"the claim never binds: {problem}"
 
 
 # ------------------------------------------------------------------------------------------------ workloads
