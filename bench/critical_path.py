@@ -1,5 +1,6 @@
 """Print the critical path of a stack's resource graph: the longest chain of resources that must be created
-one after another (an edge per depends_on entry and per parent link), each step named, and its length.
+one after another (an edge per depends_on entry and per parent link), each step named, and its length; then the
+chain with the largest summed create timeouts (trainyard.plan.duration), the bound the deploy credentials must cover.
 
 Usage: .venv/bin/python bench/critical_path.py [stack]   (default: prod)
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import sys
 from functools import cache
 
+from trainyard.plan.duration import create_seconds, longest_create_chain
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import read_stack, render
 
@@ -47,6 +49,12 @@ def main(stack: str) -> None:
         record = by_urn[urn]
         print(f"{step:3d}  {record.type:55s} {record.name}")
     print(f"critical path length ({stack}): {len(path)} steps over {len(recording.resources)} resources")
+    bound = longest_create_chain(recording)
+    for urn in bound.path:
+        record = by_urn[urn]
+        if create_seconds(record):
+            print(f"{create_seconds(record):6d} s  {record.type:55s} {record.name}")
+    print(f"first-up time bound ({stack}): {bound.seconds} s = {bound.seconds / 3600:.2f} h")
 
 
 if __name__ == "__main__":

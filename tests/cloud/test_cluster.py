@@ -27,7 +27,7 @@ def test_cluster_for_cilium_with_api_auth_and_encrypted_secrets(stack: str) -> N
     assert i["accessConfig"] == {"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": False}
     assert i["vpcConfig"]["endpointPrivateAccess"] is True
     assert i["vpcConfig"]["endpointPublicAccess"] is True
-    assert i["vpcConfig"]["publicAccessCidrs"] == ["203.0.113.0/24"]
+    assert i["vpcConfig"]["publicAccessCidrs"] == ["52.34.18.0/28"]
     assert len(i["vpcConfig"]["subnetIds"]) == 3
     assert i["kubernetesNetworkConfig"]["serviceIpv4Cidr"] == "172.20.0.0/16"
     assert i["encryptionConfig"]["resources"] == ["secrets"]
@@ -44,7 +44,8 @@ def test_cluster_for_cilium_with_api_auth_and_encrypted_secrets(stack: str) -> N
 
 def test_admin_access_entries_and_cluster_admin_policy() -> None:
     rec = plan("prod")
-    admins = ["arn:aws:iam::111122223333:role/platform-admins", "arn:aws:iam::111122223333:role/platform-breakglass"]
+    admins = ["arn:aws:iam::111122223333:role/platform-admins", "arn:aws:iam::111122223333:role/platform-breakglass",
+              "arn:aws:iam::111122223333:role/trainyard-deploy-prod"]
     entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "STANDARD"]
     assert sorted(e.inputs["principalArn"] for e in entries) == admins
     associations = of_type(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
@@ -61,7 +62,9 @@ def test_admin_access_entries_and_cluster_admin_policy() -> None:
 def test_public_endpoint_off_without_cidrs() -> None:
     dev = read_stack("dev")
     network = {**json.loads(dev.values["trainyard:network"]), "publicAccessCidrs": []}
-    private = StackFile("dev", {**dev.values, "trainyard:network": json.dumps(network)}, dev.secret_keys)
+    deploy = {**json.loads(dev.values["trainyard:deploy"]), "apiAccess": "private", "runnerCidrs": ["10.200.0.0/24"]}
+    private = StackFile("dev", {**dev.values, "trainyard:network": json.dumps(network),
+                                "trainyard:deploy": json.dumps(deploy)}, dev.secret_keys)
     vpc = one(render(private, cloud_and_karpenter), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
     assert vpc["endpointPublicAccess"] is False
     assert vpc["endpointPrivateAccess"] is True
@@ -155,3 +158,36 @@ def test_node_security_group_is_discoverable_and_self_referencing() -> None:
     for rules in (ingress, egress):
         assert any(r.inputs["securityGroupId"] == sg_id and r.inputs.get("referencedSecurityGroupId") == sg_id
                    and r.inputs["ipProtocol"] == "-1" for r in rules)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_deploy_role_is_a_cluster_admin(stack: str) -> None:
+    """Issue 9 item 13: the role CI assumes (deploy.roleArn) gets an access entry with the admin policy."""
+    rec = plan(stack)
+    role = f"arn:aws:iam::111122223333:role/trainyard-deploy-{stack}"
+    entry = one(rec, "aws:eks/accessEntry:AccessEntry", "eks-deploy")
+    assert entry.inputs["principalArn"] == role and entry.inputs["type"] == "STANDARD"
+    association = one(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation", "eks-deploy")
+    assert association.inputs["principalArn"] == role
+    assert association.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+    assert association.inputs["accessScope"] == {"type": "cluster"}
+    assert entry.urn in association.depends_on
+    # Nothing in the cluster is created before the deploying role may create it.
+    assert association.urn in one(rec, "pulumi:providers:kubernetes").depends_on
+
+
+def test_private_api_access_opens_https_from_the_runner_only() -> None:
+    staging = read_stack("staging")
+    network = {**json.loads(staging.values["trainyard:network"]), "publicAccessCidrs": []}
+    deploy = {**json.loads(staging.values["trainyard:deploy"]), "apiAccess": "private",
+              "runnerCidrs": ["10.200.0.0/24"]}
+    private = StackFile("staging", {**staging.values, "trainyard:network": json.dumps(network),
+                                    "trainyard:deploy": json.dumps(deploy)}, staging.secret_keys)
+    rec = render(private, cloud_and_karpenter)
+    vpc = one(rec, "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert vpc["endpointPublicAccess"] is False
+    rule = one(rec, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "eks-api-from-runner-0").inputs
+    assert (rule["cidrIpv4"], rule["ipProtocol"], rule["fromPort"], rule["toPort"]) == ("10.200.0.0/24", "tcp", 443,
+                                                                                       443)
+    assert not [r for r in of_type(plan("staging"), "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+                if r.name.startswith("eks-api-from-runner")]

@@ -54,7 +54,7 @@ def pool_taints(pool: NodePool) -> tuple[Taint, ...]:
 
 
 def build_aws(settings: Settings) -> ControlPlane:
-    assert settings.aws is not None
+    assert settings.aws is not None and settings.deploy is not None
     region = settings.aws.region
     zones = tuple(settings.aws.availability_zones)
     name = cluster_name(settings)
@@ -73,6 +73,7 @@ def build_aws(settings: Settings) -> ControlPlane:
         vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids, service_cidr=settings.network.service_cidr,
         public_access_cidrs=tuple(settings.network.public_access_cidrs),
         log_types=tuple(settings.cluster.log_types), admin_principal_arns=tuple(settings.aws.admin_principal_arns),
+        deploy_role_arn=settings.deploy.role_arn, runner_cidrs=tuple(settings.deploy.runner_cidrs),
         protect=settings.protect, tags=tags))
     cluster = eks.cluster
 

@@ -43,6 +43,10 @@ class EksClusterArgs:
     public_access_cidrs: tuple[str, ...]
     log_types: tuple[str, ...]
     admin_principal_arns: tuple[str, ...]
+    # The role CI's `pulumi up` runs as: without an access entry it could create the cluster but not deploy into it.
+    deploy_role_arn: str
+    # apiAccess private: where the deploy runner reaches the private endpoint from (HTTPS to the cluster SG).
+    runner_cidrs: tuple[str, ...] = ()
     # The secrets key: losing it loses every Kubernetes Secret of the cluster.
     protect: bool = True
     tags: dict[str, str] = field(default_factory=dict)
@@ -97,11 +101,13 @@ class EksCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*role.attachments, log_group]))
 
         self.access = []
-        for i, principal in enumerate(args.admin_principal_arns):
-            entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name,
+        admins = [(f"{name}-admin-{i}", arn) for i, arn in enumerate(args.admin_principal_arns)]
+        for logical, principal in [*admins, (f"{name}-deploy", args.deploy_role_arn)]:
+            # Access entry + AmazonEKSClusterAdminPolicy: docs.aws.amazon.com/eks/latest/userguide/access-entries.html
+            entry = aws.eks.AccessEntry(logical, cluster_name=self.cluster.name,
                                         principal_arn=principal, type="STANDARD", tags=tags, opts=child)
             self.access.append(aws.eks.AccessPolicyAssociation(
-                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
+                logical, cluster_name=self.cluster.name, principal_arn=principal,
                 policy_arn=CLUSTER_ADMIN_POLICY,
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[entry])))
@@ -123,6 +129,11 @@ class EksCluster(pulumi.ComponentResource):
         for rule_name, (kind, group, peer) in rules.items():
             kind(f"{name}-{rule_name}", security_group_id=group, referenced_security_group_id=peer,
                  ip_protocol="-1", description=rule_name, opts=child)
+        # The private endpoint's ENIs carry the cluster security group (EKS cluster-endpoint docs).
+        for i, cidr in enumerate(args.runner_cidrs):
+            aws.vpc.SecurityGroupIngressRule(f"{name}-api-from-runner-{i}", security_group_id=cluster_sg,
+                                             cidr_ipv4=cidr, ip_protocol="tcp", from_port=443, to_port=443,
+                                             description="deploy runner to the private API endpoint", opts=child)
         aws.vpc.SecurityGroupEgressRule(f"{name}-nodes-egress", security_group_id=node_sg, cidr_ipv4="0.0.0.0/0",
                                         ip_protocol="-1", description="egress via NAT and endpoints",
                                         opts=child)

@@ -26,6 +26,7 @@ _ARN_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[\w+=,.
 # Tag keys 1-128 and values 0-256 characters of letters, digits, spaces and _ . : / = + - @; keys may not start with
 # the reserved `aws:` (https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html#tag-conventions).
 _TAG_TEXT = re.compile(r"^[\w .:/=+\-@]*$")
+_ARN_ROLE = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+$")
 
 
 def _dns_label(value: str) -> str:
@@ -123,6 +124,7 @@ Cidr = Annotated[str, AfterValidator(_cidr)]
 RelativePath = Annotated[str, AfterValidator(_relative_path)]
 Region = Annotated[str, Field(pattern=_REGION.pattern)]
 PrincipalArn = Annotated[str, Field(pattern=_ARN_PRINCIPAL.pattern)]
+RoleArn = Annotated[str, Field(pattern=_ARN_ROLE.pattern)]
 # Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
 NonNegative = Annotated[int, Field(ge=0, le=100_000)]
 Positive = Annotated[int, Field(gt=0, le=100_000)]
@@ -174,8 +176,21 @@ class NetworkSettings(Model):
     service_cidr: Cidr = "172.20.0.0/16"
     # One NAT gateway is cheap; one per AZ keeps egress up when an AZ fails.
     nat_gateways: Literal["single", "perAz"] = "single"
-    # Who may reach the public API endpoint; empty means private endpoint only.
+    # Who may reach the public API endpoint (deploy.apiAccess public); empty means private endpoint only.
     public_access_cidrs: list[Cidr] = Field(default_factory=list, max_length=40)
+    # 0.0.0.0/0 in publicAccessCidrs is refused unless this says so (and always in prod).
+    allow_any_public_access: bool = False
+
+
+class DeploySettings(Model):
+    """How CI's `pulumi up` gets into an AWS stack's cluster: the role it assumes and the path to the API server."""
+
+    # The role the deploy workflow assumes (GitHub OIDC); it gets a cluster-admin access entry.
+    role_arn: RoleArn
+    # public: the runner's egress addresses are network.publicAccessCidrs. private: the runner sits in (or is
+    # routed to) the VPC and reaches the private endpoint from runnerCidrs; the public endpoint is off.
+    api_access: Literal["public", "private"] = "public"
+    runner_cidrs: list[Cidr] = Field(default_factory=list)
 
 
 class ClusterSettings(Model):
@@ -346,6 +361,7 @@ class Settings(Model):
     aws: AwsSettings | None = None
     local: LocalSettings | None = None
     network: NetworkSettings = NetworkSettings()
+    deploy: DeploySettings | None = None
     cluster: ClusterSettings = ClusterSettings()
     node_pools: list[NodePool] = Field(default_factory=list, max_length=30)
     addons: AddonSettings = AddonSettings()

@@ -16,6 +16,8 @@ from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, Settings, TenantResources
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# RFC 5737 documentation ranges: an example value left in a stack, never a runner's address.
+DOCUMENTATION_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 # The ranges EKS takes a service CIDR from, and its size (serviceIpv4Cidr in
 # https://docs.aws.amazon.com/eks/latest/APIReference/API_KubernetesNetworkConfigRequest.html).
 SERVICE_CIDR_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
@@ -53,7 +55,7 @@ def check(settings: Settings, mig: MigCatalog, trainer_configs: Path, *,
     `platform_namespaces`: namespaces the platform installs into (no tenant may take one); `aws_region`: the
     stack's `aws:region`, when set, which must be the region the program deploys to.
     """
-    checks = (_names, _target, _network, _node_pools, _addons, _buckets)
+    checks = (_names, _target, _network, _deploy, _node_pools, _addons, _buckets)
     problems = [p for rule in checks for p in rule(settings)]
     if aws_region is not None and settings.aws is not None and aws_region != settings.aws.region:
         problems.append(Problem("aws.region", f"{settings.aws.region!r} differs from aws:region {aws_region!r} in "
@@ -131,8 +133,51 @@ def _network(s: Settings) -> Iterator[Problem]:
         yield Problem("network.serviceCidr", f"{service}: EKS takes a service CIDR between /12 and /24 inside "
                                              + ", ".join(map(str, SERVICE_CIDR_RANGES)))
     for i, cidr in enumerate(s.network.public_access_cidrs):
-        if s.environment == "prod" and ipaddress.IPv4Network(cidr).prefixlen == 0:
-            yield Problem(f"network.publicAccessCidrs[{i}]", "prod may not open the API endpoint to 0.0.0.0/0")
+        if ipaddress.IPv4Network(cidr).prefixlen == 0:
+            if s.environment == "prod":
+                yield Problem(f"network.publicAccessCidrs[{i}]", "prod may not open the API endpoint to 0.0.0.0/0")
+            elif not s.network.allow_any_public_access:
+                yield Problem(f"network.publicAccessCidrs[{i}]", "0.0.0.0/0 opens the API endpoint to anyone; "
+                                                                 "set network.allowAnyPublicAccess: true to mean it")
+
+
+def _placeholders(at: str, cidrs: list[str]) -> Iterator[Problem]:
+    for i, cidr in enumerate(cidrs):
+        net = ipaddress.IPv4Network(cidr)
+        if net.prefixlen and any(net.overlaps(doc) for doc in DOCUMENTATION_RANGES):
+            yield Problem(f"{at}[{i}]", f"{cidr} is a documentation range (RFC 5737: 192.0.2.0/24, "
+                                        "198.51.100.0/24, 203.0.113.0/24), not your deploy runners' addresses")
+
+
+def _deploy(s: Settings) -> Iterator[Problem]:
+    """The deploy workflow must be able to reach the API server it deploys to, as the role it assumes."""
+    d = s.deploy
+    if d is None:
+        if s.target == "aws":
+            yield Problem("deploy", "is required when target is 'aws': roleArn (the role CI assumes) and "
+                                    "apiAccess (public | private) say how `pulumi up` reaches the API server")
+        return
+    if s.target != "aws":
+        yield Problem("deploy", "is only allowed when target is 'aws'")
+    public = s.network.public_access_cidrs
+    yield from _placeholders("network.publicAccessCidrs", public)
+    yield from _placeholders("deploy.runnerCidrs", d.runner_cidrs)
+    if d.api_access == "public":
+        if not public:
+            yield Problem("network.publicAccessCidrs", "is required with deploy.apiAccess 'public': the egress "
+                                                       "ranges of the deploy runners (or use apiAccess 'private')")
+        if d.runner_cidrs:
+            yield Problem("deploy.runnerCidrs", "is only used with deploy.apiAccess 'private'")
+    else:
+        if public:
+            yield Problem("network.publicAccessCidrs", "must be empty with deploy.apiAccess 'private' "
+                                                       "(the public endpoint is off)")
+        if not d.runner_cidrs:
+            yield Problem("deploy.runnerCidrs", "is required with deploy.apiAccess 'private': the ranges the "
+                                                "self-hosted runner reaches the VPC from")
+    if s.aws is not None and d.role_arn in s.aws.admin_principal_arns:
+        yield Problem("deploy.roleArn", "is also in aws.adminPrincipalArns; list it once (deploy.roleArn "
+                                        "gets its own access entry)")
 
 
 def _pool_types(pool: NodePool) -> list[InstanceType]:

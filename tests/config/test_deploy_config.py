@@ -1,0 +1,82 @@
+"""How CI reaches an AWS stack's cluster (issue 9, item 11): stack config says it, placeholders are refused."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from trainyard.config import ConfigError
+from trainyard.config.load import decode_value, parse_settings
+from trainyard.plan.runtime import PROJECT, read_stack
+
+AWS_STACKS = ("dev", "staging", "prod")
+
+
+def _raw(stack: str) -> dict[str, Any]:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
+
+
+def _problems(stack: str, raw: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, stack, raw)
+    return [line.removeprefix("  - ") for line in str(caught.value).splitlines() if line.startswith("  - ")]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_aws_stack_names_its_deploy_role_and_api_path(stack: str) -> None:
+    settings = parse_settings(PROJECT, stack, _raw(stack))
+    assert settings.deploy is not None
+    assert settings.deploy.role_arn.startswith("arn:aws:iam::") and ":role/" in settings.deploy.role_arn
+    if settings.deploy.api_access == "public":
+        assert settings.network.public_access_cidrs
+    else:
+        assert settings.deploy.runner_cidrs and not settings.network.public_access_cidrs
+
+
+@pytest.mark.parametrize("placeholder", ["203.0.113.0/24", "198.51.100.0/24", "192.0.2.0/24", "203.0.113.8/29"])
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_documentation_ranges_are_refused(stack: str, placeholder: str) -> None:
+    raw = _raw(stack)
+    raw["network"]["publicAccessCidrs"] = [placeholder]
+    problems = _problems(stack, raw)
+    assert any(p.startswith("trainyard:network.publicAccessCidrs[0]:") and "RFC 5737" in p for p in problems)
+
+
+def test_open_endpoint_needs_an_explicit_yes_outside_prod() -> None:
+    raw = _raw("dev")
+    raw["network"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+    assert any("allowAnyPublicAccess" in p for p in _problems("dev", raw))
+    raw["network"]["allowAnyPublicAccess"] = True
+    parse_settings(PROJECT, "dev", raw)
+    prod = _raw("prod")
+    prod["network"].update(publicAccessCidrs=["0.0.0.0/0"], allowAnyPublicAccess=True)
+    assert any("prod may not open" in p for p in _problems("prod", prod))
+
+
+@pytest.mark.parametrize(("change", "path", "fragment"), [
+    (lambda r: r.pop("deploy"), "trainyard:deploy", "required"),
+    (lambda r: r["network"].update(publicAccessCidrs=[]), "trainyard:network.publicAccessCidrs", "required"),
+    (lambda r: r["deploy"].update(apiAccess="private"), "trainyard:network.publicAccessCidrs", "must be empty"),
+    (lambda r: (r["deploy"].update(apiAccess="private"), r["network"].update(publicAccessCidrs=[])),
+     "trainyard:deploy.runnerCidrs", "required"),
+    (lambda r: r["deploy"].update(runnerCidrs=["10.200.0.0/24"]), "trainyard:deploy.runnerCidrs", "only used"),
+    (lambda r: r["deploy"].update(roleArn="arn:aws:iam::111122223333:user/ci"), "trainyard:deploy.roleArn",
+     "pattern"),
+    (lambda r: r["deploy"].update(roleArn=r["aws"]["adminPrincipalArns"][0]), "trainyard:deploy.roleArn",
+     "list it once"),
+], ids=["missing", "public-without-cidrs", "private-with-public", "private-without-runner", "runner-on-public",
+        "not-a-role", "also-admin"])
+def test_deploy_problems_name_their_key(change: Any, path: str, fragment: str) -> None:
+    raw = copy.deepcopy(_raw("prod"))
+    change(raw)
+    problems = _problems("prod", raw)
+    assert any(p.startswith(f"{path}:") and fragment in p for p in problems), problems
+
+
+def test_private_access_is_a_valid_choice() -> None:
+    raw = _raw("staging")
+    raw["network"]["publicAccessCidrs"] = []
+    raw["deploy"].update(apiAccess="private", runnerCidrs=["10.200.0.0/24"])
+    settings = parse_settings(PROJECT, "staging", raw)
+    assert settings.deploy is not None and settings.deploy.runner_cidrs == ["10.200.0.0/24"]
