@@ -52,3 +52,7 @@ def test_our_values_merge_over_the_chart_defaults() -> None:
     replaced = release_pods("cilium", {"operator": {"tolerations": [{"operator": "Exists"}]}})
     assert replaced is not None and replaced[0].tolerations == (Toleration(operator="Exists"),)
     assert release_pods("something-else", {}) is None
+
+
+def test_every_catalogued_chart_says_what_its_pods_need() -> None:
+    assert sorted(set(PINNED) - set(CHART_PODS)) == [], "add the chart's Deployments to chart_pods.CHART_PODS"

@@ -6,6 +6,7 @@ the Helm values as merged), and the instance-type and MIG tables for what a node
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.chart_pods import affinity_terms, chart_name, lookup
 from trainyard.plan.cluster_model import (
     GIB,
@@ -27,6 +29,8 @@ from trainyard.plan.cluster_model import (
     quantity,
 )
 from trainyard.plan.recording import ResourceRecord
+from trainyard.platform.catalogue import load_catalogue
+from trainyard.platform.registry import load_registry
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -38,9 +42,6 @@ NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
 
-# Charts that give pods a network. Cilium's EKS guide installs it before any node joins
-# (docs.cilium.io/en/stable/installation/k8s-install-helm, "EKS"); vpc-cni is the EKS add-on alternative.
-CNI_CHARTS = frozenset({"cilium"})
 EBS_PROVISIONER = "ebs.csi.aws.com"
 # Volcano 1.15.1 chart's default scheduler config (installer/helm/chart/volcano/config/volcano-scheduler.conf).
 VOLCANO_DEFAULT_ACTIONS = ("enqueue", "allocate", "backfill")
@@ -119,8 +120,17 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
         overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), existing_cluster=existing, ceph=ceph)
 
 
+@functools.cache
+def cni_charts() -> frozenset[str]:
+    """Charts that give pods a network: the add-ons platform/addons.yaml marks `cni` (Cilium's EKS guide installs
+    it before any node joins, docs.cilium.io k8s-install-helm "EKS"); vpc-cni is the EKS add-on alternative."""
+    pins = load_catalogue(REPO_ROOT).pins
+    return frozenset(chart_name(pins[release].chart) for addon in load_registry(REPO_ROOT).addons if addon.cni
+                     for release in addon.charts)
+
+
 def _cni(records: list[ResourceRecord], charts: Mapping[str, ResourceRecord], addons: frozenset[str]) -> str | None:
-    if cni := sorted(CNI_CHARTS & set(charts)):
+    if cni := sorted(cni_charts() & set(charts)):
         return f"{cni[0]} (Helm)"
     if "vpc-cni" in addons:
         return "vpc-cni (EKS add-on)"

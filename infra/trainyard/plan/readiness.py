@@ -8,11 +8,13 @@ upstream behaviour it models in the comment above it; `RULES` lists them with th
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.chart_pods import chart_name, lookup, pod_needs, release_pods
 from trainyard.plan.cluster_model import (
     PodNeeds,
@@ -29,6 +31,8 @@ from trainyard.plan.cluster_model import (
 )
 from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, ClusterState, ceph_cluster_problem
 from trainyard.plan.recording import ResourceRecord
+from trainyard.platform.catalogue import load_catalogue
+from trainyard.platform.registry import load_registry
 
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
@@ -185,15 +189,14 @@ def ceph_has_osds(record: ResourceRecord, moment: Moment) -> str | None:
 # ------------------------------------------------------------------------------------------ custom resources
 
 
-# Creating an object whose CRD is not installed fails ("no matches for kind"); Cilium's CRDs are registered by
-# cilium-operator when it starts (docs.cilium.io, "cilium-operator": CRD registration), so they also need a
-# Ready node for the operator.
-CRD_CHARTS: Mapping[str, str] = {
-    "karpenter.sh": "karpenter", "karpenter.k8s.aws": "karpenter", "ceph.rook.io": "rook-ceph",
-    "monitoring.coreos.com": "kube-prometheus-stack", "batch.volcano.sh": "volcano",
-    "scheduling.volcano.sh": "volcano", "data.fluid.io": "fluid", "cilium.io": "cilium",
-    "nvidia.com": "gpu-operator",
-}
+# Creating an object whose CRD is not installed fails ("no matches for kind"); platform/addons.yaml says which
+# chart installs each API group. Cilium's CRDs are registered by cilium-operator when it starts (docs.cilium.io,
+# "cilium-operator": CRD registration), so they also need a Ready node for the operator.
+@functools.cache
+def crd_charts() -> Mapping[str, str]:
+    """CRD API group -> the chart (by chart name) that installs it."""
+    pins = load_catalogue(REPO_ROOT).pins
+    return {group: chart_name(pins[release].chart) for group, release in load_registry(REPO_ROOT).crd_owners().items()}
 
 
 def _group(record: ResourceRecord) -> str | None:
@@ -204,12 +207,12 @@ def _group(record: ResourceRecord) -> str | None:
 
 
 def is_custom_resource(record: ResourceRecord) -> bool:
-    return _group(record) in CRD_CHARTS
+    return _group(record) in crd_charts()
 
 
 def crd_installed(record: ResourceRecord, moment: Moment) -> str | None:
     group = _group(record)
-    chart = CRD_CHARTS[group] if group else ""
+    chart = crd_charts()[group] if group else ""
     if chart not in moment.before.charts:
         return f"its CRD ({group}) comes with the {chart} chart, which is not installed before it"
     if group == "cilium.io" and not any(p.nodes for p in ready_pools(moment.before)):
