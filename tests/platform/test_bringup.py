@@ -1,0 +1,80 @@
+"""What a first `pulumi up` needs beyond the shape of the objects: where daemons can land, what storage and
+scheduling can serve, read from each stack's plan records (issue 9)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import Any
+
+import pytest
+from trainyard.cloud.aws import pool_labels, pool_taints
+from trainyard.config.load import parse_settings
+from trainyard.config.model import Settings
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.writers import HELM_RELEASE, release_of
+
+STACKS = available_stacks()
+AWS_STACKS = [s for s in STACKS if read_stack(s).values.get("trainyard:target") == "aws"]
+
+
+@cache
+def _recording(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+@cache
+def _settings(stack: str) -> Settings:
+    values = {k.split(":", 1)[1]: json.loads(v) if v[:1] in "[{" else v for k, v in read_stack(stack).values.items()}
+    return parse_settings("trainyard", stack, values)
+
+
+def _values(stack: str, chart: str) -> dict[str, Any]:
+    (values,) = [release_of(r)["values"] for r in _recording(stack).resources
+                 if r.type == HELM_RELEASE and release_of(r)["chart"].rsplit("/", 1)[-1] == chart]
+    return dict(values)
+
+
+def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+    return {"In": lambda: labels.get(key) in values, "NotIn": lambda: labels.get(key) not in values,
+            "Exists": lambda: key in labels, "DoesNotExist": lambda: key not in labels}[operator]()
+
+
+def admits(placement: Mapping[str, Any], labels: Mapping[str, str], taints: Iterable[Mapping[str, str]]) -> bool:
+    """Whether a pod with this placement (nodeAffinity + tolerations) can run on a node with these labels and
+    taints: terms are ORed, expressions ANDed; every NoSchedule/NoExecute taint must be tolerated."""
+    required = (placement.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms", [])
+    if terms and not any(all(_matches(e, labels) for e in t.get("matchExpressions", [])) for t in terms):
+        return False
+
+    def tolerated(taint: Mapping[str, str]) -> bool:
+        return any((t.get("key") in (None, taint["key"]))
+                   and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+                   and t.get("effect") in (None, "", taint["effect"]) for t in placement.get("tolerations", []))
+
+    return all(tolerated(t) for t in taints if t["effect"] in ("NoSchedule", "NoExecute"))
+
+
+def _pools(stack: str) -> dict[str, tuple[str, dict[str, str], list[dict[str, str]]]]:
+    """Pool name -> (role, node labels, node taints), as the cloud layer sets them."""
+    return {p.name: (p.role, pool_labels(p),
+                     [{"key": t.key, "value": t.value, "effect": t.effect} for t in pool_taints(p)])
+            for p in _settings(stack).node_pools}
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_rook_creates_osds_on_the_storage_pool_and_only_there(stack: str) -> None:
+    """`useAllNodes: false` with no `nodes:` list selects no node (Rook ceph-cluster-crd, Storage Selection
+    Settings): all nodes are candidates, and the osd/prepareosd placement narrows them to the storage pool."""
+    spec = _values(stack, "rook-ceph-cluster")["cephClusterSpec"]
+    storage = spec["storage"]
+    assert storage["useAllNodes"] is True or storage.get("nodes"), "no node selected for OSDs"
+    for daemon in ("osd", "prepareosd"):
+        placement = spec["placement"][daemon]
+        eligible = {name for name, (_, labels, taints) in _pools(stack).items() if admits(placement, labels, taints)}
+        storage_pools = {name for name, (role, _, _) in _pools(stack).items() if role == "storage"}
+        assert storage_pools and eligible == storage_pools, (daemon, eligible)
