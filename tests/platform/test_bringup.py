@@ -78,3 +78,29 @@ def test_rook_creates_osds_on_the_storage_pool_and_only_there(stack: str) -> Non
         eligible = {name for name, (_, labels, taints) in _pools(stack).items() if admits(placement, labels, taints)}
         storage_pools = {name for name, (role, _, _) in _pools(stack).items() if role == "storage"}
         assert storage_pools and eligible == storage_pools, (daemon, eligible)
+
+
+def _upstream(recording: Recording, urn: str) -> set[str]:
+    """Everything `urn` waits for: depends_on and parents, transitively."""
+    by_urn, seen, todo = recording.by_urn(), set(), [urn]
+    while todo:
+        record = by_urn.get(todo.pop())
+        for nxt in (*record.depends_on, *([record.parent] if record.parent else [])) if record else ():
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_checkpoint_claims_wait_for_the_ceph_storage(stack: str) -> None:
+    """pulumi-kubernetes waits for a PVC to bind; a CephFS claim binds only once the release creating the Ceph
+    cluster, the filesystem and the StorageClass exists (and Ceph serves)."""
+    recording = _recording(stack)
+    [ceph] = [r.urn for r in recording.resources
+              if r.type == HELM_RELEASE and release_of(r)["chart"].rsplit("/", 1)[-1] == "rook-ceph-cluster"]
+    classes = {c["storageClass"]["name"] for c in _values(stack, "rook-ceph-cluster")["cephFileSystems"]}
+    claims = [r for r in recording.resources if r.type == "kubernetes:core/v1:PersistentVolumeClaim"
+              and r.inputs["spec"].get("storageClassName") in classes]
+    assert claims
+    assert [r.urn for r in claims if ceph not in _upstream(recording, r.urn)] == []

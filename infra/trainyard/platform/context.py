@@ -27,6 +27,9 @@ class PlatformContext:
     monitoring: pulumi.Resource | None = None
     # StorageClass for ReadWriteMany checkpoint volumes (CephFS), or the cluster default when None.
     checkpoint_storage_class: str | None = None
+    # What a checkpoint PVC waits for: the release creating the Ceph cluster, CephFS and its StorageClass
+    # (pulumi-kubernetes waits for a PVC to bind, which only a serving CephFS can do).
+    checkpoint_storage: tuple[pulumi.Resource, ...] = ()
     # Name of the read-only dataset PVC Fluid creates in each tenant namespace, when Alluxio is on.
     dataset_claim: str | None = None
     training_priority_class: str = "trainyard-training"

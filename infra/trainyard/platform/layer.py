@@ -82,5 +82,6 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         cluster=cluster, tenants=tenants.facts,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
         checkpoint_storage_class=rook.checkpoint_storage_class if isinstance(rook, RookCeph) else None,
+        checkpoint_storage=(rook.storage.release,) if isinstance(rook, RookCeph) else (),
         dataset_claim=alluxio.claim if isinstance(alluxio, Alluxio) else None,
         training_priority_class=TRAINING_PRIORITY_CLASS)

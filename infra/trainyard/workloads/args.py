@@ -23,6 +23,8 @@ class TrainingJobArgs:
     priority_class: str
     # ReadWriteMany class for checkpoints (CephFS); None means the cluster default class, ReadWriteOnce.
     checkpoint_storage_class: str | None = None
+    # The checkpoint claim waits for these (the Ceph storage release): it binds only once CephFS serves.
+    checkpoint_storage: tuple[pulumi.Resource, ...] = ()
     dataset_claim: str | None = None
     volcano: pulumi.Resource | None = None
     # The kube-prometheus-stack release; a PodMonitor is only created when it is set.

@@ -42,7 +42,7 @@ class _TrainingJob(pulumi.ComponentResource):
                                                 labels=job_labels(args)),
             spec=self._claim_spec(args),
             # The checkpoints are the run: neither a replacement nor `pulumi destroy` may delete them.
-            opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, ready),
+            opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, [*ready, *args.checkpoint_storage]),
                                               pulumi.ResourceOptions(protect=args.protect, retain_on_delete=True)),
         )
         metadata, spec = self.manifest(args, pod_template(args, self.shape(args)))

@@ -32,6 +32,7 @@ def job_args(job: Job, platform: PlatformContext, *, protect: bool) -> TrainingJ
         trainer_config=(TRAINER_CONFIGS_DIR / job.trainer_config).read_text(encoding="utf-8"),
         priority_class=platform.training_priority_class,
         checkpoint_storage_class=platform.checkpoint_storage_class,
+        checkpoint_storage=platform.checkpoint_storage,
         dataset_claim=platform.dataset_claim,
         volcano=platform.volcano,
         monitoring=platform.monitoring,
