@@ -104,3 +104,23 @@ def test_checkpoint_claims_wait_for_the_ceph_storage(stack: str) -> None:
               and r.inputs["spec"].get("storageClassName") in classes]
     assert claims
     assert [r.urn for r in claims if ceph not in _upstream(recording, r.urn)] == []
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_prometheus_is_on_its_own_ebs_gp3_class(stack: str) -> None:
+    """Prometheus on Ceph waits for Ceph on first install and goes down with it: its volume comes from an
+    EBS gp3 class served by the EBS CSI add-on, and kube-prometheus-stack waits for that class, not for Ceph."""
+    recording = _recording(stack)
+    spec = _values(stack, "kube-prometheus-stack")["prometheus"]["prometheusSpec"]
+    class_name = spec["storageSpec"]["volumeClaimTemplate"]["spec"]["storageClassName"]
+    [storage_class] = [r for r in recording.resources if r.type == "kubernetes:storage.k8s.io/v1:StorageClass"
+                       and r.inputs["metadata"]["name"] == class_name]
+    assert storage_class.inputs["provisioner"] == "ebs.csi.aws.com"
+    assert storage_class.inputs["parameters"] == {"type": "gp3", "encrypted": "true"}
+    releases = {release_of(r)["chart"].rsplit("/", 1)[-1]: r.urn for r in recording.resources if r.type == HELM_RELEASE}
+    waits_for = _upstream(recording, releases["kube-prometheus-stack"])
+    assert storage_class.urn in waits_for
+    [ebs_csi] = [r.urn for r in recording.resources
+                 if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "aws-ebs-csi-driver"]
+    assert ebs_csi in _upstream(recording, storage_class.urn)
+    assert not {releases["rook-ceph"], releases["rook-ceph-cluster"]} & waits_for

@@ -283,8 +283,8 @@ def test_prometheus_storage_and_retention(stack: str) -> None:
     assert spec["retention"] == monitoring["retention"]
     claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
     assert claim["resources"]["requests"]["storage"] == monitoring["storageSize"]
-    # Ceph RBD where Rook runs; the cluster default on the local target.
-    assert claim.get("storageClassName") == ("ceph-block" if stack == "prod" else None)
+    # EBS gp3 on AWS (never Ceph: Prometheus must not wait for it or go down with it); the default on local.
+    assert claim.get("storageClassName") == ("ebs-gp3" if stack == "prod" else None)
 
 
 def test_retention_size_leaves_headroom() -> None:
@@ -350,5 +350,6 @@ def test_every_addon_is_a_typed_component(stack: str) -> None:
     expected = {"trainyard:platform:Volcano", "trainyard:platform:Monitoring", "trainyard:platform:Tenants"}
     if stack == "prod":
         expected |= {"trainyard:platform:Cilium", "trainyard:platform:GpuOperator", "trainyard:platform:RookCeph",
-                     "trainyard:platform:CephStorage", "trainyard:platform:Alluxio"}
+                     "trainyard:platform:CephStorage", "trainyard:platform:Alluxio",
+                     "trainyard:platform:EbsStorageClass"}
     assert components - {"trainyard:platform:Karpenter"} == expected  # Karpenter: the cloud engineer's

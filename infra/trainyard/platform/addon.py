@@ -22,6 +22,7 @@ from trainyard.config import Secrets, Settings
 from trainyard.config.model import AddonSwitch
 from trainyard.platform.catalogue import Catalogue, deep_merge
 from trainyard.platform.context import TenantFacts
+from trainyard.platform.ebs import EbsStorageClass
 from trainyard.platform.kube import HelmChart
 
 SettingsT = TypeVar("SettingsT", bound=AddonSwitch)
@@ -112,6 +113,8 @@ class AddonContext:
     installed: Mapping[str, Installed]
     # snapshot.storage.k8s.io CRDs (the EKS snapshot-controller add-on) on AWS.
     snapshot_crds: tuple[pulumi.Resource, ...] = ()
+    # The EBS gp3 default StorageClass on AWS (Prometheus' volume: never on Ceph).
+    block_storage: EbsStorageClass | None = None
     # Tenant facts, for add-ons built after the tenants.
     tenants: Mapping[str, TenantFacts] = field(default_factory=dict)
 

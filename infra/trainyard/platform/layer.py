@@ -22,6 +22,7 @@ from trainyard.platform.addon import Addon, AddonContext, Installed
 from trainyard.platform.alluxio import Alluxio
 from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.context import PlatformContext, TenantFacts
+from trainyard.platform.ebs import EbsStorageClass, EbsStorageClassArgs
 from trainyard.platform.registry import MONITORING, load_registry
 from trainyard.platform.rook_ceph import RookCeph
 from trainyard.platform.tenants import TRAINING_PRIORITY_CLASS, Tenants, TenantsArgs
@@ -50,12 +51,15 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         installed.update({a.name: cni for a in enabled if a.cni})
         cni_releases.append(cni.release)
     snapshot_crds: tuple[pulumi.Resource, ...] = ()
+    ebs = None
     if settings.is_aws:
         # CoreDNS, EBS CSI and the snapshot controller run in pods: they can only turn healthy after the CNI and
         # once nodes exist (`cluster.ready` holds the node groups).
         eks_addons = EksAddons("eks-addons", after_cni_addons(settings, cluster.name),
                                opts=pulumi.ResourceOptions(depends_on=[*cni_releases, *cluster.ready]))
         snapshot_crds = (eks_addons.addons["snapshot-controller"],)
+        ebs = EbsStorageClass("ebs-gp3", EbsStorageClassArgs(
+            cluster=cluster, depends_on=[eks_addons.addons["aws-ebs-csi-driver"]]))
 
     def install(addon: Addon, tenants: Mapping[str, TenantFacts]) -> None:
         monitoring = installed.get(MONITORING)
@@ -63,7 +67,8 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
             addon=addon, stack=settings, cluster=cluster, secrets=secrets, catalogue=catalogue,
             after=(*cni_releases, *(installed[need].release for need in addon.needs if need in installed)),
             monitoring=monitoring.release if monitoring is not None else None,
-            enabled=enabled, installed=dict(installed), snapshot_crds=snapshot_crds, tenants=tenants))
+            enabled=enabled, installed=dict(installed), snapshot_crds=snapshot_crds, block_storage=ebs,
+            tenants=tenants))
 
     for addon in (a for a in enabled if not a.cni and not a.after_tenants):
         install(addon, {})

@@ -20,7 +20,6 @@ from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext, ScrapeTarget
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
-from trainyard.platform.rook_ceph import block_storage_class
 
 MONITORING_API_VERSION = "monitoring.coreos.com/v1"
 GRAFANA_SECRET = "grafana-admin"
@@ -49,7 +48,7 @@ class MonitoringArgs:
     dashboards: Mapping[str, str]
     # prometheus-adapter `rules:` values (platform/prometheus-adapter/rules.yaml).
     adapter_rules: Mapping[str, Any]
-    # Ceph RBD StorageClass for Prometheus' volume, or None for the cluster default.
+    # EBS gp3 StorageClass for Prometheus' volume on AWS, or None for the cluster default.
     storage_class: str | None = None
     # Services of other add-ons whose metrics no chart ServiceMonitor covers (platform/addons.yaml `scrape`).
     scrape: tuple[ScrapeTarget, ...] = ()
@@ -81,7 +80,6 @@ def stack_values(args: MonitoringArgs) -> dict[str, Any]:
     claim_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                                   "resources": {"requests": {"storage": settings.storage_size}}}
     if args.storage_class is not None:
-        # No dependency on the Ceph release: the claim waits Pending until the class exists, then binds.
         claim_spec["storageClassName"] = args.storage_class
     return {
         "prometheus": {"prometheusSpec": {
@@ -158,8 +156,10 @@ def build(ctx: AddonContext) -> Monitoring:
         rules={path.name.removesuffix(".rules.yaml"): _yaml(path) for path in sorted(RULES_DIR.glob("*.rules.yaml"))},
         dashboards={path.stem: path.read_text(encoding="utf-8") for path in sorted(DASHBOARDS_DIR.glob("*.json"))},
         adapter_rules=_yaml(ADAPTER_RULES)["rules"],
-        storage_class=block_storage_class(ctx.chart("rook-ceph-cluster")) if ctx.is_on("rookCeph") else None,
-        scrape=tuple(target for addon in ctx.enabled for target in addon.scrape), depends_on=ctx.after))
+        # Prometheus on EBS, not Ceph: it must not wait for Ceph on first install nor go down with it.
+        storage_class=ctx.block_storage.name if ctx.block_storage is not None else None,
+        scrape=tuple(target for addon in ctx.enabled for target in addon.scrape),
+        depends_on=(*ctx.after, *([ctx.block_storage.storage_class] if ctx.block_storage is not None else ()))))
 
 
 def _yaml(path: Path) -> Any:

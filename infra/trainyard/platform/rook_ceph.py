@@ -89,10 +89,6 @@ def cluster_values(args: RookCephArgs) -> dict[str, Any]:
     }
 
 
-def block_storage_class(chart: HelmChart) -> str:
-    return str(chart.base_values["cephBlockPools"][0]["storageClass"]["name"])
-
-
 def filesystem_storage_class(chart: HelmChart) -> str:
     return str(chart.base_values["cephFileSystems"][0]["storageClass"]["name"])
 
