@@ -315,3 +315,29 @@ def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None
     assert "queue team" in problems[0].problem and "limits of NodePool(s) h100 allow (16)" in problems[1].problem
     two = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "minAvailable": 2}}, (volcano, queue))
     assert findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, two) == []
+
+
+def test_three_mons_need_three_nodes_their_placement_admits() -> None:
+    eks = cluster()
+    cni = cilium(eks)
+    one_system = node_group("system", eks, cni, nodes=1)
+    group, operator, ceph = storage(one_system)
+    problems = findings(eks, cni, one_system, group, operator, ceph)
+    assert [(f.rule, f.name) for f in problems] == [("ceph-has-osds", "ceph")]
+    assert "3 Ceph mons need 3 node(s)" in problems[0].problem
+
+
+def test_a_claim_without_a_class_gets_the_default_one_and_its_backend() -> None:
+    eks, cni, system = base()
+    gp3 = rec("kubernetes:storage.k8s.io/v1:StorageClass", "gp3", {
+        "metadata": {"name": "gp3", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "ebs.csi.aws.com", "volumeBindingMode": "Immediate"}, (system,))
+    claim = rec(PVC, "data", {"spec": {}}, (gp3,))
+    assert [f.problem for f in findings(eks, cni, system, gp3, claim)] == [
+        "pulumi up waits for the claim to bind, and nothing it waits on can serve it: the aws-ebs-csi-driver EKS "
+        "add-on is not installed yet"]
+    ebs = rec("aws:eks/addon:Addon", "ebs", {"addonName": "aws-ebs-csi-driver"}, (system,))
+    gp3_after = rec(gp3.type, gp3.name, gp3.inputs, (ebs,))
+    assert findings(eks, cni, system, ebs, gp3_after, rec(PVC, "data", {"spec": {}}, (gp3_after,))) == []
+    no_default = rec(PVC, "data", {"spec": {}}, (system,))
+    assert "no default class" in findings(eks, cni, system, no_default)[0].problem

@@ -138,6 +138,7 @@ class StorageClass:
     name: str
     backend: str
     immediate: bool  # volumeBindingMode Immediate (the default) vs WaitForFirstConsumer
+    default: bool = False  # the class a claim without storageClassName gets
     problem: str | None = None
 
 

@@ -43,6 +43,7 @@ STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
 
 EBS_PROVISIONER = "ebs.csi.aws.com"
+CEPH_CSI_SUFFIX = ".csi.ceph.com"  # Rook's provisioners: <operator namespace>.rbd.csi.ceph.com / .cephfs.csi...
 # Volcano 1.15.1 chart's default scheduler config (installer/helm/chart/volcano/config/volcano-scheduler.conf).
 VOLCANO_DEFAULT_ACTIONS = ("enqueue", "allocate", "backfill")
 
@@ -63,6 +64,7 @@ class Ceph:
     osd_hosts: int
     osd_selection: str  # how storage selection picked (or failed to pick) OSD hosts, for messages
     mon_count: int
+    mon_nodes_needed: int  # mon.count, or 1 with allowMultiplePerNode
     mon_hosts: int
 
 
@@ -112,7 +114,7 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
         pools.append(Pool("existing cluster", frozen_labels({}), (), (unknown,), nodes=1, unknown_labels=True))
     ceph = _ceph(charts["rook-ceph-cluster"], pools) if "rook-ceph-cluster" in charts else None
     classes_by_name = _storage_classes(records, charts, addons, ceph, existing)
-    default = next((name for name, sc in classes_by_name.items() if sc.backend.endswith("(default)")), None)
+    default = next((name for name, sc in classes_by_name.items() if sc.default), None)
     return ClusterState(
         cni=cni, pools=tuple(pools), charts=frozenset(charts), eks_addons=addons,
         storage_classes=classes_by_name, default_class=default,
@@ -228,45 +230,42 @@ def _ceph(release: ResourceRecord, pools: list[Pool]) -> Ceph:
     spec = lookup(_release_values(release), "cephClusterSpec", {}) or {}
     placement = spec.get("placement") or {}
 
-    def placed(component: str) -> PodNeeds:
+    def placed(component: str, own: Mapping[str, Any] | None = None) -> PodNeeds:
         # Rook merges placement.all into each component's placement (ceph-cluster-crd doc, "Placement").
-        merged = dict(placement.get("all") or {}) | dict(placement.get(component) or {})
+        merged = dict(placement.get("all") or {}) | dict(own if own is not None else placement.get(component) or {})
         return _placement_pod(component, merged)
 
-    osd = placed("osd")
+    def hosts(pod: PodNeeds, with_devices: bool = False) -> int:
+        # Only nodes that are there: Rook does not make Karpenter launch storage or mon nodes. Rook prepares OSDs
+        # on raw devices, which on EC2 are the instance-store NVMe drives (the root volume is partitioned).
+        return sum(p.nodes for p in pools if not p.autoscaled and admits(pod, p) and (
+            not with_devices or any(INSTANCE_TYPES[o.instance_type].nvme_devices for o in p.offers)))
+
     storage = spec.get("storage") or {}
-    # The rook-ceph-cluster chart's default is useAllNodes/useAllDevices true; ours merge over it.
-    use_all_nodes = storage.get("useAllNodes", True)
-    wants_devices = storage.get("useAllDevices", True) or storage.get("deviceFilter") or storage.get("devices")
-    # Rook prepares OSDs on raw devices; on EC2 those are instance-store NVMe (the root volume is partitioned).
-    device_hosts = sum(p.nodes for p in pools if admits(osd, p) and not p.autoscaled
-                       and any(INSTANCE_TYPES[o.instance_type].nvme_devices for o in p.offers))
-    set_hosts = 0
-    for device_set in storage.get("storageClassDeviceSets") or ():
-        set_pod = _placement_pod("osd", dict(device_set.get("placement") or {}) or
-                                 dict(placement.get("all") or {}) | dict(placement.get("osd") or {}))
-        nodes = sum(p.nodes for p in pools if admits(set_pod, p) and not p.autoscaled)
-        set_hosts += min(int(device_set.get("count", 0) or 0), nodes)
-    if use_all_nodes and wants_devices:
-        osd_hosts, how = device_hosts + set_hosts, "useAllNodes on nodes the OSD placement admits"
+    # The rook-ceph-cluster chart defaults to useAllNodes and useAllDevices true; ours merge over them.
+    device_filter = storage.get("useAllDevices", True) or storage.get("deviceFilter") or storage.get("devices")
+    set_hosts = sum(min(int(device_set.get("count", 0) or 0), hosts(placed("osd", device_set.get("placement"))))
+                    for device_set in storage.get("storageClassDeviceSets") or ())
+    if storage.get("useAllNodes", True):
+        node_hosts = hosts(placed("osd"), with_devices=True) if device_filter else 0
+        how = "useAllNodes, on nodes the OSD placement admits" + ("" if device_filter else ", but no device selected")
     elif storage.get("nodes"):
         # Rook matches nodes[].name against kubernetes.io/hostname, which EC2 assigns at launch.
-        osd_hosts, how = set_hosts, "a nodes: list of hostnames the plan cannot know"
+        node_hosts, how = 0, "a nodes: list of hostnames, which the plan cannot know"
     else:
-        osd_hosts = set_hosts
-        how = "storageClassDeviceSets" if set_hosts else "useAllNodes: false with no nodes: list selects no node"
-    mon = placed("mon")
-    mon_spec = spec.get("mon") or {}
-    mon_hosts = sum(p.nodes for p in pools if admits(mon, p) and not p.autoscaled)
-    return Ceph(osd_hosts=osd_hosts, osd_selection=how, mon_count=int(mon_spec.get("count", 3)),
-                mon_hosts=mon_hosts if not mon_spec.get("allowMultiplePerNode") else max(mon_hosts, 1) * 3)
+        node_hosts, how = 0, "useAllNodes: false with no nodes: list selects no node"
+    mon = spec.get("mon") or {}
+    count = int(mon.get("count", 3))
+    return Ceph(osd_hosts=node_hosts + set_hosts, osd_selection=how if not set_hosts else how + " and device sets",
+                mon_count=count, mon_nodes_needed=1 if mon.get("allowMultiplePerNode") else count,
+                mon_hosts=hosts(placed("mon")))
 
 
 def ceph_cluster_problem(ceph: Ceph) -> str | None:
     """Why a CephCluster never becomes healthy on the nodes it has, or None."""
-    if ceph.mon_hosts < ceph.mon_count:
-        return f"{ceph.mon_count} Ceph mons need {ceph.mon_count} nodes their placement admits; there are " \
-               f"{ceph.mon_hosts}"
+    if ceph.mon_hosts < ceph.mon_nodes_needed:
+        return (f"{ceph.mon_count} Ceph mons need {ceph.mon_nodes_needed} node(s) their placement admits; there "
+                f"are {ceph.mon_hosts}")
     if ceph.osd_hosts == 0:
         return f"Rook creates no OSD ({ceph.osd_selection})"
     return None
@@ -289,7 +288,7 @@ def _storage_classes(records: list[ResourceRecord], charts: Mapping[str, Resourc
     classes: dict[str, StorageClass] = {}
     if existing:
         # kind's default class (rancher local-path, WaitForFirstConsumer; kind.sigs.k8s.io/docs/user/configuration).
-        classes["standard"] = StorageClass("standard", "existing cluster (default)", immediate=False)
+        classes["standard"] = StorageClass("standard", "existing cluster", immediate=False, default=True)
     cluster = charts.get("rook-ceph-cluster")
     if cluster is not None:
         values = _release_values(cluster)
@@ -299,20 +298,21 @@ def _storage_classes(records: list[ResourceRecord], charts: Mapping[str, Resourc
                 if not sc.get("enabled", True) or not sc.get("name"):
                     continue
                 classes[str(sc["name"])] = StorageClass(
-                    str(sc["name"]), "ceph (default)" if sc.get("isDefault") else "ceph",
-                    immediate=sc.get("volumeBindingMode", "Immediate") != "WaitForFirstConsumer",
+                    str(sc["name"]), "ceph", immediate=sc.get("volumeBindingMode", "Immediate") == "Immediate",
+                    default=bool(sc.get("isDefault")),
                     problem=_ceph_problem(size_of(pool.get("spec") or {}), set(charts), ceph))
     for record in (r for r in records if r.type == STORAGE_CLASS):
         name = str(lookup(record.inputs, "metadata.name"))
         provisioner = str(record.inputs.get("provisioner", ""))
-        default = lookup(record.inputs, "metadata.annotations", {}).get(
-            "storageclass.kubernetes.io/is-default-class") == "true"
+        annotations = lookup(record.inputs, "metadata.annotations", {}) or {}
         problem = None
         if provisioner == EBS_PROVISIONER and "aws-ebs-csi-driver" not in addons:
             problem = "the aws-ebs-csi-driver EKS add-on is not installed yet"
-        classes[name] = StorageClass(name, provisioner + (" (default)" if default else ""),
-                                     immediate=record.inputs.get("volumeBindingMode", "Immediate") == "Immediate",
-                                     problem=problem)
+        elif provisioner.endswith(CEPH_CSI_SUFFIX):
+            problem = _ceph_problem(int(lookup(record.inputs, "parameters.size", 1) or 1), set(charts), ceph)
+        classes[name] = StorageClass(
+            name, provisioner, immediate=record.inputs.get("volumeBindingMode", "Immediate") == "Immediate",
+            default=annotations.get("storageclass.kubernetes.io/is-default-class") == "true", problem=problem)
     return classes
 
 
