@@ -7,7 +7,14 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STACKS := dev staging prod local
 
-.PHONY: plan plans test lint bench clean
+.PHONY: plan plans deps upstream preflight test test-fast lint bench clean
+
+# System tools the suite runs for real: promtool (alert rule tests), the node bootstrap tests' disk tools, and
+# User-Mode Linux (a kernel with the md RAID driver, for the RAID0 scenario where the host kernel has none).
+SYSTEM_TOOLS := promtool mdadm mkfs.xfs mkfs.ext4 wipefs losetup unshare nsenter findmnt blkid shellcheck linux.uml
+APT_PACKAGES := prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck user-mode-linux
+# Two workers on the 2-core CI machine; `make test JOBS=auto` elsewhere.
+JOBS ?= 2
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,15 +36,30 @@ plan: $(VENV)/.installed  ## render one stack offline (STACK=dev|staging|prod|lo
 plans: $(VENV)/.installed  ## refresh the reviewed plans in plans/ (commit them with the change)
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done
 
-test: $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed
-	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest
+deps:  ## the system tools the suite needs (Debian/Ubuntu, as root)
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) > /dev/null
+
+upstream: $(VENV)/.installed  ## fetch (or copy from ../shared/upstream) and verify the data the conformance tests read
+	$(BIN)/python tools/upstream.py sync
+
+preflight:  ## stop before the suite when a system tool is missing or the node tests cannot run
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool > /dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then echo "make test: missing system tools:$$missing. Install them with: make deps"; exit 2; fi
+	@if [ "$$(id -u)" != 0 ]; then echo "make test: the node bootstrap tests need root (loop devices, mount namespaces): run it as root"; exit 2; fi
+
+test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed upstream  ## the whole suite (acceptance skips without a cluster)
+	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -n $(JOBS) --durations=10
+
+test-fast: preflight $(VENV)/.dev-installed upstream  ## the inner loop: no multi-process training runs, no checkov
+	$(BIN)/python -m pytest -n $(JOBS) -m "not slow and not checkov" -q
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check infra workloads tests bench policy
-	$(BIN)/mypy infra/trainyard workloads/trainyard_train policy/trainyard_policy bench
+	$(BIN)/ruff check infra workloads tests bench policy tools
+	$(BIN)/mypy infra/trainyard workloads/trainyard_train policy/trainyard_policy bench tools
 
 bench: $(VENV)/.dev-installed
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) build
+	rm -rf $(VENV) $(CHECKOV_VENV) build .upstream

@@ -1,11 +1,61 @@
-"""Suite-wide options. They live here, not in tests/acceptance/, so `pytest --kubeconfig ...` works from the root."""
+"""Suite-wide options and policy.
+
+Options live here, not in tests/acceptance/, so `pytest --kubeconfig ...` works from the root. Policy: the suite
+needs the verified upstream data (`tools/upstream.py sync`), and only the live-cluster acceptance tests may skip;
+any other skip is reported as a failure, so a missing tool or data set can never pass unnoticed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from types import ModuleType
+
 import pytest
+from trainyard.plan.conformance import upstream_dir
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("trainyard acceptance")
     group.addoption("--kubeconfig", help="kubeconfig of the cluster to check (or $TRAINYARD_KUBECONFIG)")
     group.addoption("--stack", help="stack the cluster was deployed from (or $TRAINYARD_STACK; default dev)")
+
+
+def load_upstream_tool() -> ModuleType:
+    """tools/upstream.py as a module (tools/ is scripts, not a package)."""
+    if (loaded := sys.modules.get("trainyard_upstream_tool")) is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location("trainyard_upstream_tool", REPO / "tools" / "upstream.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    cache = upstream_dir(REPO)
+    if not load_upstream_tool().is_verified(cache):
+        pytest.exit(f"upstream data in {cache} is missing or not verified against tools/upstream.lock.yaml: run "
+                    "`python tools/upstream.py sync` (internet, or --from a mirror such as ../shared/upstream)",
+                    returncode=2)
+
+
+@pytest.fixture(scope="session")
+def upstream_tool() -> ModuleType:
+    return load_upstream_tool()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                                             pytest.TestReport]:
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("acceptance") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"only live-cluster acceptance tests may skip; this one skipped: {reason}"
+    return report

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
-import pytest
 from trainyard.plan.conformance import (
     INVALID,
     MISSING_SCHEMA,
@@ -16,13 +14,11 @@ from trainyard.plan.conformance import (
     check_helm_values,
     check_manifest,
     kubernetes_schema_version,
-    shared_dir,
+    upstream_dir,
 )
 
 K8S = "1.34"
-SHARED = shared_dir(Path(__file__).resolve().parents[2])
-if not (SHARED / "upstream").is_dir():
-    pytest.skip(f"upstream data not found at {SHARED} (sibling 'shared' checkout)", allow_module_level=True)
+UPSTREAM = upstream_dir()
 
 DEPLOYMENT: dict[str, Any] = {
     "apiVersion": "apps/v1",
@@ -70,14 +66,14 @@ def test_schema_version_is_newest_not_above_cluster() -> None:
 
 
 def test_valid_builtin_and_custom_resources_pass() -> None:
-    assert check_manifest(DEPLOYMENT, K8S, shared=SHARED) == []
-    assert check_manifest(VOLCANO_JOB, K8S, shared=SHARED) == []
+    assert check_manifest(DEPLOYMENT, K8S, upstream=UPSTREAM) == []
+    assert check_manifest(VOLCANO_JOB, K8S, upstream=UPSTREAM) == []
 
 
 def test_unknown_field_in_deployment_spec() -> None:
     bad = copy.deepcopy(DEPLOYMENT)
     bad["spec"]["replica"] = 3  # typo of replicas
-    problems = check_manifest(bad, K8S, shared=SHARED)
+    problems = check_manifest(bad, K8S, upstream=UPSTREAM)
     assert len(problems) == 1
     assert problems[0].kind == INVALID
     assert problems[0].where == "Deployment/team-a/web"
@@ -87,14 +83,14 @@ def test_unknown_field_in_deployment_spec() -> None:
 def test_wrong_type_in_deployment() -> None:
     bad = copy.deepcopy(DEPLOYMENT)
     bad["spec"]["replicas"] = "two"
-    problems = check_manifest(bad, K8S, shared=SHARED)
+    problems = check_manifest(bad, K8S, upstream=UPSTREAM)
     assert [(p.kind, p.path) for p in problems] == [(INVALID, "spec.replicas")]
 
 
 def test_unknown_field_in_volcano_job() -> None:
     bad = copy.deepcopy(VOLCANO_JOB)
     bad["spec"]["tasks"][0]["replica"] = 4
-    problems = check_manifest(bad, K8S, shared=SHARED)
+    problems = check_manifest(bad, K8S, upstream=UPSTREAM)
     assert len(problems) == 1
     assert problems[0].path == "spec.tasks.0"
     assert "replica" in problems[0].message
@@ -102,10 +98,10 @@ def test_unknown_field_in_volcano_job() -> None:
 
 def test_custom_resource_without_schema_is_a_problem() -> None:
     unknown_kind = {**VOLCANO_JOB, "kind": "Jobz"}
-    problems = check_manifest(unknown_kind, K8S, shared=SHARED)
+    problems = check_manifest(unknown_kind, K8S, upstream=UPSTREAM)
     assert _kinds(problems) == {MISSING_SCHEMA}
     unknown_group = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    assert _kinds(check_manifest(unknown_group, K8S, shared=SHARED)) == {MISSING_SCHEMA}
+    assert _kinds(check_manifest(unknown_group, K8S, upstream=UPSTREAM)) == {MISSING_SCHEMA}
 
 
 def test_helm_values_known_keys_and_free_form_maps_pass() -> None:
@@ -116,44 +112,44 @@ def test_helm_values_known_keys_and_free_form_maps_pass() -> None:
         "nodeSelector": {"trainyard.io/role": "system"},
         "settings": {"featureGates": {"nodeOverlay": True}},
     }
-    assert check_helm_values(_helm("karpenter", "1.14.1", values), shared=SHARED) == []
+    assert check_helm_values(_helm("karpenter", "1.14.1", values), upstream=UPSTREAM) == []
 
 
 def test_unknown_helm_values_key() -> None:
     values = {"settings": {"clusterNmae": "typo"}, "replicas": 2}
-    problems = check_helm_values(_helm("karpenter", "1.14.1", values), shared=SHARED)
+    problems = check_helm_values(_helm("karpenter", "1.14.1", values), upstream=UPSTREAM)
     assert [(p.kind, p.path) for p in problems] == [(UNKNOWN_KEY, "settings.clusterNmae")]
 
 
 def test_map_where_upstream_has_a_scalar() -> None:
-    problems = check_helm_values(_helm("karpenter", "1.14.1", {"replicas": {"count": 2}}), shared=SHARED)
+    problems = check_helm_values(_helm("karpenter", "1.14.1", {"replicas": {"count": 2}}), upstream=UPSTREAM)
     assert [(p.kind, p.path) for p in problems] == [(INVALID, "replicas")]
 
 
 def test_subchart_keys_are_checked_against_the_subchart() -> None:
     ok = {"grafana": {"enabled": True, "sidecar": {"dashboards": {"searchNamespace": "ALL"}}}}
-    assert check_helm_values(_helm("kube-prometheus-stack", "88.5.3", ok), shared=SHARED) == []
+    assert check_helm_values(_helm("kube-prometheus-stack", "88.5.3", ok), upstream=UPSTREAM) == []
     bad = {"grafana": {"sidecar": {"dashbords": {"enabled": True}}}}
-    problems = check_helm_values(_helm("kube-prometheus-stack", "88.5.3", bad), shared=SHARED)
+    problems = check_helm_values(_helm("kube-prometheus-stack", "88.5.3", bad), upstream=UPSTREAM)
     assert [(p.kind, p.path) for p in problems] == [(UNKNOWN_KEY, "grafana.sidecar.dashbords")]
 
 
 def test_cilium_values_schema_violation() -> None:
     # hubble.relay.replicas is an integer in cilium's values.schema.json; the key itself exists.
     problems = check_helm_values(_helm("cilium", "1.20.0", {"hubble": {"relay": {"replicas": "two"}}}),
-                                 shared=SHARED)
+                                 upstream=UPSTREAM)
     assert [(p.kind, p.path) for p in problems] == [(INVALID, "hubble.relay.replicas")]
     assert "values.schema.json" in problems[0].message
 
 
 def test_values_passed_to_a_crd_are_checked_against_it() -> None:
     bad = {"cephClusterSpec": {"mon": {"count": 3, "allowMultiplePerNod": False}}}
-    problems = check_helm_values(_helm("rook-ceph-cluster", "v1.20.6", bad), shared=SHARED)
+    problems = check_helm_values(_helm("rook-ceph-cluster", "v1.20.6", bad), upstream=UPSTREAM)
     assert len(problems) == 1
     assert problems[0].path == "cephClusterSpec.mon"
     assert "allowMultiplePerNod" in problems[0].message
 
 
 def test_chart_without_upstream_data_is_reported_distinctly() -> None:
-    problems = check_helm_values(_helm("no-such-chart", "1.0.0", {"anything": 1}), shared=SHARED)
+    problems = check_helm_values(_helm("no-such-chart", "1.0.0", {"anything": 1}), upstream=UPSTREAM)
     assert _kinds(problems) == {MISSING_UPSTREAM}

@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 from trainyard.config.model import Settings
-from trainyard.plan.conformance import MISSING_UPSTREAM, Problem, check_helm_values, check_manifest, shared_dir
+from trainyard.plan.conformance import Problem, check_helm_values, check_manifest, upstream_dir
 from trainyard.plan.recording import SECRET, Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED = shared_dir(REPO_ROOT)
-if not (SHARED / "upstream").is_dir():
-    pytest.skip(f"upstream schemas not found at {SHARED} (sibling 'shared' checkout)", allow_module_level=True)
+UPSTREAM = upstream_dir(REPO_ROOT)
 
 STACKS = available_stacks()
 
@@ -39,7 +37,7 @@ def test_every_manifest_conforms(stack: str) -> None:
     objects = [manifest_of(r) for r in _recording(stack).resources if is_kubernetes_object(r)]
     assert objects, f"{stack}: no Kubernetes objects rendered"
     version = _kubernetes_version(stack)
-    problems = [str(p) for obj in objects for p in check_manifest(obj, version, shared=SHARED)]
+    problems = [str(p) for obj in objects for p in check_manifest(obj, version, upstream=UPSTREAM)]
     assert problems == []
 
 
@@ -47,11 +45,9 @@ def test_every_manifest_conforms(stack: str) -> None:
 def test_every_helm_release_conforms(stack: str) -> None:
     releases = [release_of(r) for r in _recording(stack).resources if r.type == HELM_RELEASE]
     assert releases, f"{stack}: no Helm releases rendered"
-    problems: list[Problem] = [p for release in releases for p in check_helm_values(release, shared=SHARED)]
-    unchecked = sorted({p.where for p in problems if p.kind == MISSING_UPSTREAM})
-    assert [str(p) for p in problems if p.kind != MISSING_UPSTREAM] == []
-    if unchecked:
-        pytest.skip(f"{stack}: no upstream chart values stored for {', '.join(unchecked)}; the rest conform")
+    problems: list[Problem] = [p for release in releases for p in check_helm_values(release, upstream=UPSTREAM)]
+    # A release without upstream data is a failure too: tools/upstream.lock.yaml must cover every pinned chart.
+    assert [str(p) for p in problems] == []
 
 
 def test_committed_prod_secret_keeps_its_shape() -> None:
@@ -59,4 +55,4 @@ def test_committed_prod_secret_keeps_its_shape() -> None:
     path = REPO_ROOT / "plans" / "prod" / "manifests" / "monitoring.secret.grafana-admin.yaml"
     obj = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert obj["stringData"] == {"admin-user": SECRET, "admin-password": SECRET}
-    assert [str(p) for p in check_manifest(obj, _kubernetes_version("prod"), shared=SHARED)] == []
+    assert [str(p) for p in check_manifest(obj, _kubernetes_version("prod"), upstream=UPSTREAM)] == []

@@ -13,15 +13,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from trainyard.plan.conformance import upstream_dir
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / "platform" / "monitoring" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yaml"))
 TEST_FILES = sorted((RULES_DIR / "tests").glob("*.test.yaml"))
 README = REPO / "platform" / "monitoring" / "README.md"
-PROMETHEUS_RULE_SCHEMA = (
-    REPO.parent / "shared" / "upstream" / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
-)
+PROMETHEUS_RULE_SCHEMA = upstream_dir(REPO) / "crds" / "monitoring.coreos.com" / "prometheusrule_v1.json"
 SEVERITIES = {"warning", "critical"}
 
 
@@ -128,10 +127,6 @@ def test_alerts_carry_severity_annotations_and_a_runbook_that_exists() -> None:
 
 
 def test_rule_files_fit_the_prometheusrule_crd() -> None:
-    if not PROMETHEUS_RULE_SCHEMA.is_file():
-        pytest.skip(
-            f"PrometheusRule schema not found at {PROMETHEUS_RULE_SCHEMA} (needs ../shared upstream data)"
-        )
     # Not jsonschema.validate: its schema self-check rejects the CRD's Go-style inline (?i) regex flags.
     validator = jsonschema.Draft7Validator(json.loads(PROMETHEUS_RULE_SCHEMA.read_text()))
     for rule_file in RULE_FILES:
@@ -149,9 +144,7 @@ def test_rule_files_fit_the_prometheusrule_crd() -> None:
 
 
 ADAPTER_RULES = REPO / "platform" / "prometheus-adapter" / "rules.yaml"
-ADAPTER_CHART_VALUES = (
-    REPO.parent / "shared" / "upstream" / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
-)
+ADAPTER_CHART_VALUES = upstream_dir(REPO) / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
 
 
 def _adapter_rule() -> dict[str, Any]:
@@ -161,8 +154,6 @@ def _adapter_rule() -> dict[str, Any]:
 
 
 def test_adapter_rules_use_the_chart_keys() -> None:
-    if not ADAPTER_CHART_VALUES.is_file():
-        pytest.skip(f"prometheus-adapter chart values not found at {ADAPTER_CHART_VALUES} (needs ../shared)")
     chart_rules = _load(ADAPTER_CHART_VALUES)["rules"]
     # `resource` is commented out in the chart's values but documented there.
     known = set(chart_rules) | {"resource"}

@@ -6,13 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainyard.plan.conformance import MISSING_UPSTREAM, check_helm_values, shared_dir
+from trainyard.plan.conformance import check_helm_values
 from trainyard.platform.catalogue import CatalogueError, deep_merge, load_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
-# Releases whose chart data is not in ../shared yet (checked by hand against ceph/ceph-csi-operator v1.0.4 and
-# aws/eks-charts bfe91c4); the test fails once the data appears, so the exemption cannot outlive the gap.
-NO_UPSTREAM_DATA = {"ceph-csi-drivers", "aws-efa-k8s-device-plugin"}
 
 
 def _write(root: Path, releases: str, values: dict[str, str] | None = None) -> Path:
@@ -96,16 +93,10 @@ def test_deep_merge_merges_maps_replaces_lists_and_never_mutates() -> None:
 
 
 def test_every_base_values_file_conforms_to_upstream() -> None:
-    shared = shared_dir(ROOT)
-    if not (shared / "upstream" / "charts").is_dir():
-        pytest.skip(f"upstream chart data not found at {shared}")
     catalogue = load_catalogue(ROOT)
     for release in catalogue.releases:
         pin = catalogue.chart(release)
         rendered = {"name": release, "namespace": pin.namespace, "chart": pin.chart,
                     "repository": pin.repository, "version": pin.version, "values": catalogue.values(release)}
-        problems = check_helm_values(rendered, shared=shared)
-        if release in NO_UPSTREAM_DATA:
-            assert [p.kind for p in problems] == [MISSING_UPSTREAM], release
-        else:
-            assert problems == [], "\n".join(map(str, problems))
+        problems = check_helm_values(rendered)
+        assert problems == [], "\n".join(map(str, problems))

@@ -19,9 +19,10 @@ from trainyard.config.mig import (
     fits,
     load_mig_catalog,
 )
+from trainyard.plan.conformance import upstream_dir
 
 REPO = Path(__file__).resolve().parents[2]
-NVIDIA_TABLE = REPO.parent / "shared" / "upstream" / "mig-parted" / "config-default.yaml"
+NVIDIA_TABLE = upstream_dir(REPO) / "mig-parted" / "config-default.yaml"
 LAYOUTS = ("all-disabled", "all-1g", "all-2g", "all-3g", "all-7g", "balanced", "training-mixed")
 SINGLE_PROFILE_LAYOUTS = ("all-1g", "all-2g", "all-3g", "all-7g")
 GPU_MEMORY_GB = {"A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80, "H200-141GB": 141}
@@ -29,10 +30,6 @@ GPU_MEMORY_GB = {"A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80, "H200-141GB"
 
 @pytest.fixture(scope="module")
 def nvidia_table() -> dict[str, Any]:
-    if not NVIDIA_TABLE.is_file():
-        pytest.skip(
-            f"NVIDIA mig-parted table not found at {NVIDIA_TABLE} (needs the ../shared upstream data)"
-        )
     table: dict[str, Any] = yaml.safe_load(NVIDIA_TABLE.read_text())["mig-configs"]
     return table
 

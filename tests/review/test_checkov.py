@@ -20,6 +20,8 @@ from trainyard.plan.writers import write_plan
 
 CHECKOV_VERSION = "3.3.30"
 
+pytestmark = pytest.mark.checkov
+
 
 def checkov_binary() -> str | None:
     candidates = [os.environ.get("CHECKOV"), shutil.which("checkov")]

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import pytest
 from trainyard.cloud import layer as cloud
 from trainyard.config import Settings, load_settings
+from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import read_stack, render
 from trainyard.platform.context import PlatformContext, TenantFacts
 from trainyard.workloads import layer as workloads
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VOLCANO_JOB_SCHEMA = REPO_ROOT.parent / "shared" / "upstream" / "crds" / "batch.volcano.sh" / "job_v1alpha1.json"
+VOLCANO_JOB_SCHEMA = upstream_dir(REPO_ROOT) / "crds" / "batch.volcano.sh" / "job_v1alpha1.json"
 JOB_TYPE = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 CEPHFS_CLASS = "ceph-filesystem"
 DATASET_CLAIM = "dataset"
@@ -71,9 +71,7 @@ def volcano_jobs(recording: Recording) -> dict[str, ResourceRecord]:
 
 
 def volcano_schema_errors(record: ResourceRecord) -> list[str]:
-    """Violations of the Volcano Job CRD schema from ../shared; skips the test when that is not checked out."""
-    if not VOLCANO_JOB_SCHEMA.is_file():
-        pytest.skip(f"Volcano Job CRD schema not found at {VOLCANO_JOB_SCHEMA} (../shared is not in this clone)")
+    """Violations of the Volcano Job CRD schema from the upstream data."""
     import jsonschema
 
     validator = jsonschema.Draft7Validator(json.loads(VOLCANO_JOB_SCHEMA.read_text(encoding="utf-8")))

@@ -4,19 +4,20 @@ Two checks, both pure functions returning a list of `Problem`s (empty = conforma
 
 * `check_manifest`: built-in kinds against Kubernetes' own OpenAPI-derived schemas (kubernetes-validate,
   strict: unknown fields fail); custom resources against the CRD JSON schemas in
-  `<shared>/upstream/crds/<group>/<kind>_<version>.json`. An object with no schema is a problem, never a pass.
+  `<upstream>/crds/<group>/<kind>_<version>.json`. An object with no schema is a problem, never a pass.
 * `check_helm_values`: every key path we set must exist in the chart's upstream `values.yaml` (subcharts
   addressed by their dependency key), except inside free-form maps (see `_is_free_form`); values are also
   validated against `values.schema.json` where the chart (or subchart) ships one, after Helm-style merging
   over the defaults. A chart/version without upstream data is reported as MISSING_UPSTREAM, not as key errors.
 
-The upstream data lives next to the repository (`../shared`); `shared_dir(repo_root)` finds it and callers
-skip when it is absent.
+The upstream data is not part of the repository: `tools/upstream.py sync` fills `upstream_dir()` (`.upstream/`, or
+`$TRAINYARD_UPSTREAM`) from the sources and checksums in `tools/upstream.lock.yaml`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -78,9 +79,10 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def shared_dir(root: Path) -> Path:
-    """Upstream data and research notes sit beside the repository, not in it."""
-    return root.resolve().parent / "shared"
+def upstream_dir(root: Path | None = None) -> Path:
+    """Where `tools/upstream.py sync` puts the upstream data: `$TRAINYARD_UPSTREAM`, else `<repo>/.upstream`."""
+    override = os.environ.get("TRAINYARD_UPSTREAM")
+    return Path(override) if override else (root or repo_root()) / ".upstream"
 
 
 def kubernetes_schema_version(cluster_version: str) -> str:
@@ -97,14 +99,14 @@ def kubernetes_schema_version(cluster_version: str) -> str:
 # --------------------------------------------------------------------------------------------- manifests
 
 
-def check_manifest(obj: Mapping[str, Any], k8s_version: str, *, shared: Path | None = None) -> list[Problem]:
+def check_manifest(obj: Mapping[str, Any], k8s_version: str, *, upstream: Path | None = None) -> list[Problem]:
     """Validate one full Kubernetes object (built-in or custom resource)."""
     where = _object_name(obj)
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
         return [Problem(where, "", "object needs string apiVersion and kind", INVALID)]
     group, _, version = api_version.rpartition("/")
-    crd_group_dir = (shared or shared_dir(repo_root())) / "upstream" / "crds" / group
+    crd_group_dir = (upstream or upstream_dir()) / "crds" / group
     if group and crd_group_dir.is_dir():
         return _check_custom_resource(obj, where, crd_group_dir / f"{kind.lower()}_{version}.json")
     return _check_builtin(obj, where, k8s_version)
@@ -124,7 +126,7 @@ def _check_builtin(obj: Mapping[str, Any], where: str, k8s_version: str) -> list
         kubernetes_validate.validate(dict(obj), schema_version, strict=True)
     except SchemaNotFoundError:
         return [Problem(where, "", f"no schema for {obj['apiVersion']} {obj['kind']}: neither a Kubernetes "
-                        f"{schema_version} kind nor a CRD in the shared upstream data", MISSING_SCHEMA)]
+                        f"{schema_version} kind nor a CRD in the upstream data", MISSING_SCHEMA)]
     except kubernetes_validate.ValidationError as err:
         # kubernetes-validate stops at the first error; one per object is enough to fail a plan.
         return [Problem(where, _dotted(err.absolute_path), err.message, INVALID)]
@@ -154,35 +156,36 @@ def _validator_for(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
 # ------------------------------------------------------------------------------------------- helm values
 
 
-def check_helm_values(release: Mapping[str, Any], *, shared: Path | None = None) -> list[Problem]:
+def check_helm_values(release: Mapping[str, Any], *, upstream: Path | None = None) -> list[Problem]:
     """Check a rendered release `{name, namespace, chart, repository, version, values}` against upstream."""
     where = f"helm/{release.get('name', '?')}"
     chart, version = str(release.get("chart", "")), str(release.get("version", ""))
     values = release.get("values") or {}
     if not isinstance(values, Mapping):
         return [Problem(where, "values", "values must be a map", INVALID)]
-    chart_dir = (shared or shared_dir(repo_root())) / "upstream" / "charts" / chart / version
+    data = upstream or upstream_dir()
+    chart_dir = data / "charts" / chart / version
     if not (chart_dir / "values.yaml").is_file():
         return [Problem(where, "", f"no upstream data for chart {chart} {version} "
                         f"(expected {chart_dir}/values.yaml): cannot verify its values", MISSING_UPSTREAM)]
-    upstream = _upstream_chart(chart_dir)
+    chart_data = _upstream_chart(chart_dir)
     documented = _COMMENTED_UPSTREAM_KEYS.get(chart, frozenset())
     passthrough = _CRD_PASSTHROUGH.get(chart, {})
-    crds = (shared or shared_dir(repo_root())) / "upstream" / "crds"
+    crds = data / "crds"
     problems: list[Problem] = []
     for key, value in values.items():
         if key in passthrough:
             schema_file, is_list = passthrough[key]
             problems.extend(_check_passthrough(where, key, value, crds / schema_file, is_list))
-        elif key in upstream.subcharts:
+        elif key in chart_data.subcharts:
             # The parent's block for a subchart only overrides the subchart's defaults: check against those.
-            parent_block = upstream.defaults.get(key) or {}
-            problems.extend(_check_subchart(where, key, value, upstream.subcharts[key], parent_block))
+            parent_block = chart_data.defaults.get(key) or {}
+            problems.extend(_check_subchart(where, key, value, chart_data.subcharts[key], parent_block))
         else:
-            problems.extend(_walk(where, (key,), value, upstream.defaults, upstream.schema, documented))
-    if upstream.validator is not None:
-        merged = deep_merge(upstream.defaults, values)
-        problems.extend(_schema_problems(where, "", upstream.validator, merged))
+            problems.extend(_walk(where, (key,), value, chart_data.defaults, chart_data.schema, documented))
+    if chart_data.validator is not None:
+        merged = deep_merge(chart_data.defaults, values)
+        problems.extend(_schema_problems(where, "", chart_data.validator, merged))
     return problems
 
 

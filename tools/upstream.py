@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Upstream data the conformance tests read: CRD schemas, chart default values at the pinned versions, NVIDIA's
+MIG table.
+
+`tools/upstream.lock.yaml` lists every file with its source URL and sha256. This script fills the cache folder
+(`.upstream/`, git-ignored) from a local mirror or from the internet, and verifies every checksum either way;
+nothing upstream is committed to this repository.
+
+    python tools/upstream.py sync [--from DIR] [--dest DIR]   fill the cache (source: --from, else ../shared/upstream
+                                                              when it exists, else the internet), then verify it
+    python tools/upstream.py verify [--dest DIR]              verify the cache only
+    python tools/upstream.py lock --from DIR                  rebuild the lock from a mirror that has a SOURCES.md
+
+Exit status: 0 when the cache matches the lock, 2 with one message naming each missing or mismatched file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK = REPO / "tools" / "upstream.lock.yaml"
+CHARTS = REPO / "platform" / "charts.yaml"
+DEFAULT_DEST = REPO / ".upstream"
+DEFAULT_MIRROR = REPO.parent / "shared" / "upstream"
+STAMP = ".verified"
+RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
+TIMEOUT_S = 60
+CRD_SCHEMA = "crd-schema"
+
+
+class UpstreamError(Exception):
+    """Missing or mismatched upstream data; the message says which files and what to run."""
+
+
+class DownloadError(UpstreamError):
+    """A source URL could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    path: str  # relative to the cache folder
+    url: str  # raw file, or a .tgz holding it as `member`
+    sha256: str  # of the file as the tests read it (after `member` extraction and `convert`)
+    member: str | None = None
+    convert: str | None = None  # "crd-schema": CRD openAPIV3Schema -> kubeconform-style JSON schema
+
+
+def load_lock(lock: Path = LOCK) -> list[Entry]:
+    data = yaml.safe_load(lock.read_text(encoding="utf-8"))
+    return [Entry(**item) for item in data["files"]]
+
+
+def lock_digest(lock: Path = LOCK) -> str:
+    return hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- CRD -> JSON schema ---------------------------------------------------------------------------------------
+
+def crd_json_schema(crd_yaml: bytes, group: str, kind: str, version: str) -> bytes:
+    """The `openAPIV3Schema` of one served version as a strict JSON schema (kubeconform's openapi2jsonschema rules).
+
+    Every non-root object that lists `properties` gets `additionalProperties: false` unless it preserves unknown
+    fields, so a misspelt key fails validation; `format: int-or-string` becomes a string/integer `oneOf`.
+    """
+    for doc in yaml.safe_load_all(crd_yaml):
+        spec = (doc or {}).get("spec", {})
+        if spec.get("group") != group or spec.get("names", {}).get("kind", "").lower() != kind:
+            continue
+        for served in spec.get("versions", []):
+            if served.get("name") == version:
+                schema = _strict(served["schema"]["openAPIV3Schema"], root=True)
+                return (json.dumps(schema, indent=2) + "\n").encode()
+    raise UpstreamError(f"no CRD {group}/{kind} version {version} in the downloaded file")
+
+
+def _strict(node: Mapping[str, Any], *, root: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _strict(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            out[key] = _strict(value)
+        elif key in ("anyOf", "allOf", "oneOf") and isinstance(value, list):
+            out[key] = [_strict(sub) for sub in value]
+        else:
+            out[key] = value
+    if out.get("format") == "int-or-string":
+        del out["format"]
+        out["oneOf"] = [{"type": "string"}, {"type": "integer"}]
+    closed = "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields")
+    if not root and closed and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+# --- obtaining one file -----------------------------------------------------------------------------------------
+
+def download(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 (https URLs from the lock)
+            return bytes(response.read())
+    except (urllib.error.URLError, TimeoutError, OSError) as error:
+        raise DownloadError(f"cannot download {url}: {getattr(error, 'reason', error)}") from None
+
+
+def build(entry: Entry, fetch: Any = download) -> bytes:
+    """The file's bytes from its source: download, extract the chart member, convert a CRD."""
+    data = fetch(entry.url)
+    if entry.member is not None:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            member = archive.extractfile(entry.member)
+            if member is None:
+                raise UpstreamError(f"{entry.url} has no file {entry.member}")
+            data = member.read()
+    if entry.convert == CRD_SCHEMA:
+        group, name = entry.path.split("/")[-2:]
+        kind, _, version = name.removesuffix(".json").rpartition("_")
+        data = crd_json_schema(data, group, kind, version)
+    return data
+
+
+# --- sync / verify ----------------------------------------------------------------------------------------------
+
+def problems(entries: Iterable[Entry], dest: Path) -> list[str]:
+    found = []
+    for entry in entries:
+        path = dest / entry.path
+        if not path.is_file():
+            found.append(f"{entry.path}: missing")
+        elif sha256(path.read_bytes()) != entry.sha256:
+            found.append(f"{entry.path}: sha256 differs from the lock")
+    return found
+
+
+def verify(dest: Path, lock: Path = LOCK) -> None:
+    entries = load_lock(lock)
+    found = problems(entries, dest)
+    if found:
+        raise UpstreamError(_report(f"upstream data in {dest} does not match {lock.name}", found))
+    (dest / STAMP).write_text(lock_digest(lock) + "\n", encoding="utf-8")
+
+
+def sync(dest: Path, mirror: Path | None, lock: Path = LOCK, fetch: Any = download) -> tuple[int, int]:
+    """Bring every missing or stale file into `dest`; returns (files copied or downloaded, files already there)."""
+    entries = load_lock(lock)
+    stale = {line.split(":")[0] for line in problems(entries, dest)}
+    failed = []
+    for entry in entries:
+        if entry.path not in stale:
+            continue
+        try:
+            data = (mirror / entry.path).read_bytes() if mirror is not None else build(entry, fetch)
+        except DownloadError:
+            raise  # the network is down or the source moved: retrying 170 files would only repeat it
+        except (OSError, UpstreamError, tarfile.TarError, yaml.YAMLError) as error:
+            failed.append(f"{entry.path}: {error}")
+            continue
+        if sha256(data) != entry.sha256:
+            failed.append(f"{entry.path}: sha256 {sha256(data)[:12]}… from {mirror or entry.url}, lock says "
+                          f"{entry.sha256[:12]}…")
+            continue
+        target = dest / entry.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    if failed:
+        source = f"the mirror {mirror}" if mirror is not None else "the internet"
+        raise UpstreamError(_report(f"could not fill {dest} from {source}", failed))
+    verify(dest, lock)
+    return len(stale), len(entries) - len(stale)
+
+
+def is_verified(dest: Path, lock: Path = LOCK) -> bool:
+    """Cheap check for test start-up: the cache was verified against this very lock."""
+    stamp = dest / STAMP
+    return stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == lock_digest(lock)
+
+
+# --- lock --------------------------------------------------------------------------------------------------------
+
+# SOURCES.md: a table row per file (file | repo | path[!tgz member] | commit | note), the MIG table in prose.
+_CELL = r"\s*([^|]+?)\s*\|"
+_ROW = re.compile(rf"^\|{_CELL}{_CELL}{_CELL}\s*(?P<commit>[0-9a-f]{{40}})\s*\|\s*([^|]*?)\s*\|$")
+_MIG = re.compile(r"`(mig-parted/[^`]+)`: ([\w.-]+/[\w.-]+) `([^`]+)` at commit ([0-9a-f]{40})")
+_FIELDS = ("file", "repo", "path", "commit", "note")
+
+
+def pinned_charts(charts: Path = CHARTS) -> set[tuple[str, str]]:
+    releases = yaml.safe_load(charts.read_text(encoding="utf-8"))["releases"]
+    return {(pin["chart"], pin["version"]) for pin in releases.values()}
+
+
+def needed(path: str, pins: set[tuple[str, str]]) -> bool:
+    """Charts only at the versions platform/charts.yaml pins; every CRD schema and the MIG table."""
+    parts = path.split("/")
+    if parts[0] == "charts":
+        return (parts[1], parts[2]) in pins
+    return parts[0] in ("crds", "mig-parted")
+
+
+def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> list[Entry]:
+    sources = (mirror / "SOURCES.md").read_text(encoding="utf-8")
+    rows = [dict(zip(_FIELDS, m.groups(), strict=True)) for m in map(_ROW.match, sources.splitlines()) if m]
+    rows += [dict(zip(_FIELDS, (*m.groups(), ""), strict=True)) for m in _MIG.finditer(sources)]
+    entries = []
+    for row in rows:
+        if row["file"] == "file" or not needed(row["file"], pins):
+            continue
+        archive_path, _, member = row["path"].partition("!")
+        entries.append(Entry(
+            path=row["file"], url=RAW.format(repo=row["repo"], commit=row["commit"], path=archive_path),
+            sha256=sha256((mirror / row["file"]).read_bytes()), member=member or None,
+            convert=CRD_SCHEMA if row["note"].startswith("converted from CRD") else None))
+    covered = {tuple(e.path.split("/")[1:3]) for e in entries if e.path.startswith("charts/")}
+    if missing := sorted(pins - covered):
+        raise UpstreamError(_report(f"{mirror} has no data for these pinned charts", [f"{c} {v}" for c, v in missing]))
+    return sorted(entries, key=lambda e: e.path)
+
+
+def write_lock(entries: list[Entry], lock: Path = LOCK) -> None:
+    header = ("# Upstream files the conformance tests read, each with its source and sha256 (of the file as the\n"
+              "# tests read it). Written by `python tools/upstream.py lock --from DIR`; read by `sync` and `verify`.\n")
+    items = [{k: v for k, v in asdict(e).items() if v is not None} for e in entries]
+    lock.write_text(header + yaml.safe_dump({"files": items}, sort_keys=False, width=200), encoding="utf-8")
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------------
+
+def _report(headline: str, lines: list[str], limit: int = 15) -> str:
+    shown = lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+    return "\n".join([headline + ":", *(f"  - {line}" for line in shown)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/upstream.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("sync", "verify", "lock"):
+        command = commands.add_parser(name)
+        command.add_argument("--dest", type=Path, default=Path(os.environ.get("TRAINYARD_UPSTREAM", DEFAULT_DEST)))
+        if name != "verify":
+            command.add_argument("--from", dest="mirror", type=Path, help="local mirror laid out like the cache")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "verify":
+            verify(args.dest)
+            print(f"upstream data in {args.dest}: {len(load_lock())} files match {LOCK.name}")
+        elif args.command == "lock":
+            if args.mirror is None:
+                parser.error("lock needs --from DIR (a mirror with SOURCES.md)")
+            entries = lock_from_mirror(args.mirror, pinned_charts())
+            write_lock(entries)
+            print(f"{LOCK.relative_to(REPO)}: {len(entries)} files")
+        else:
+            mirror = args.mirror if args.mirror is not None else (DEFAULT_MIRROR if DEFAULT_MIRROR.is_dir() else None)
+            if mirror is not None and not mirror.is_dir():
+                raise UpstreamError(f"--from {mirror}: no such folder")
+            fetched, kept = sync(args.dest, mirror)
+            print(f"upstream data in {args.dest}: {fetched} files from {mirror or 'the internet'}, {kept} already "
+                  f"there; all {fetched + kept} match {LOCK.name}")
+    except UpstreamError as error:
+        print(f"tools/upstream.py {args.command}: {error}", file=sys.stderr)
+        print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a mirror "
+              "(a checkout's ../shared/upstream).", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
