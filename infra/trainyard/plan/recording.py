@@ -64,7 +64,7 @@ class RecordingMonitor(mocks.MockMonitor):
         return str(super().make_urn(parent, type_, name))
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
-        response = super().RegisterResource(request)
+        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]  # pulumi's mock is untyped
         if request.type != "pulumi:pulumi:Stack":
             self.recording.resources.append(ResourceRecord(
                 urn=response.urn,

@@ -117,7 +117,8 @@ def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main,
     mocks = PlaceholderMocks(region=stack.region)
     monitor = RecordingMonitor(mocks, recording)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack.stack, preview=False, monitor=monitor)
-    pulumi.runtime.test(lambda: _run_and_collect_exports(entrypoint, monitor.recording))()
+    run = pulumi.runtime.test(lambda: _run_and_collect_exports(entrypoint, monitor.recording))  # type: ignore[no-untyped-call]
+    run()
     return monitor.recording
 
 
