@@ -50,17 +50,25 @@ CEILINGS = {
 }
 
 
-def _node_skip_reason() -> str | None:
+def _node_problem() -> str | None:
     if os.geteuid() != 0:
         return "needs root: loop devices, mkfs and mount namespaces"
     missing = [tool for tool in NODE_TOOLS if shutil.which(tool) is None]
     if missing:
-        return f"missing {', '.join(missing)} (apt-get install util-linux mdadm xfsprogs e2fsprogs)"
+        return f"missing {', '.join(missing)}: make deps (apt-get install util-linux mdadm xfsprogs e2fsprogs)"
     return None
 
 
-_NODE_SKIP = _node_skip_reason()
-needs_node = pytest.mark.skipif(_NODE_SKIP is not None, reason=_NODE_SKIP or "")
+_NODE_PROBLEM = _node_problem()
+
+
+@pytest.fixture
+def node_tools() -> None:
+    if _NODE_PROBLEM is not None:
+        pytest.fail(_NODE_PROBLEM)
+
+
+needs_node = pytest.mark.usefixtures("node_tools")
 
 
 class NamespacedBackend(LocalBackend):
@@ -156,7 +164,7 @@ def loops(tmp_path: Path) -> Iterator[Callable[[int], list[str]]]:
                 disk.truncate(DISK_BYTES)
             result = HOST.run("losetup --find --show %s", str(image))
             if result.rc != 0:
-                pytest.skip(f"cannot create a loop device: {result.stderr.strip()}")
+                pytest.fail(f"cannot create a loop device: {result.stderr.strip()}")
             created.append(result.stdout.strip())
         return created[-count:]
 
@@ -180,7 +188,7 @@ def node(tmp_path: Path, loops: Callable[[int], list[str]]) -> Iterator[Node]:
         deadline = time.monotonic() + 5
         while os.readlink(f"/proc/{holder.pid}/ns/mnt") == own:
             if holder.poll() is not None or time.monotonic() > deadline:
-                pytest.skip("unshare --mount could not create a mount namespace")
+                pytest.fail("unshare --mount could not create a mount namespace")
             time.sleep(0.01)
         yield Node(tmp_path, Host(NamespacedBackend(holder.pid)))
     finally:
@@ -299,8 +307,8 @@ def test_gpu_refuses_a_mixed_device_set_as_a_whole(node: Node, loops: Callable[[
 def test_gpu_stripes_several_devices_into_one_cache(tmp_path: Path) -> None:
     # RAID0 needs the md driver, which a container host's kernel may lack: the scenario runs in a User-Mode Linux
     # guest (tests/cloud/uml.py) on the real tools, with the same shims, --root and assertions as the others.
-    if _NODE_SKIP is not None or not uml.available():
-        pytest.skip(_NODE_SKIP or f"{uml.KERNEL} not installed (make deps: apt-get install user-mode-linux)")
+    if _NODE_PROBLEM is not None or not uml.available():
+        pytest.fail(_NODE_PROBLEM or f"{uml.KERNEL} not installed: make deps (apt-get install user-mode-linux)")
     node = Node(tmp_path, HOST)
     disks = [tmp_path / f"disk{index}.img" for index in range(2)]
     for disk in disks:
@@ -457,6 +465,6 @@ def test_usage_errors_write_nothing(plain: Node, args: list[str]) -> None:
 
 def test_script_is_shellcheck_clean() -> None:
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+        pytest.fail("shellcheck not installed: make deps (apt-get install shellcheck)")
     result = HOST.run("shellcheck %s", str(SCRIPT_PATH))
     assert result.rc == 0, result.stdout

@@ -79,7 +79,7 @@ def test_shell_part_is_valid_bash() -> None:
 
 def test_shell_part_is_shellcheck_clean() -> None:
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+        pytest.fail("shellcheck not installed: make deps (apt-get install shellcheck)")
     checked = subprocess.run(["shellcheck", "-"], input=shell_part(NodeRole.STORAGE), text=True, capture_output=True)
     assert checked.returncode == 0, checked.stdout
 
