@@ -260,6 +260,16 @@ def _task_pods(record: ResourceRecord) -> list[tuple[PodNeeds, int]]:
              int(t.get("replicas", 1))) for t in tasks]
 
 
+def gang_needs(record: ResourceRecord) -> dict[str, float]:
+    """What a Volcano job's gang (its first minAvailable pods) requests in all."""
+    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
+    wanted: dict[str, float] = {}
+    for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
+        for resource, amount in pod.requests.items():
+            wanted[resource] = wanted.get(resource, 0.0) + amount
+    return wanted
+
+
 # A pending pod makes Karpenter launch a node only if some NodePool's requirements and labels match its
 # selectors, it tolerates the pool's taints, and an instance type offers every resource it requests;
 # Karpenter knows nvidia.com/gpu and vpc.amazonaws.com/efa per instance type, MIG slices only from a NodeOverlay
@@ -303,16 +313,6 @@ def _within_pool_limits(record: ResourceRecord, pools: tuple[Pool, ...]) -> str 
 # queue capacity and overcommit's idle x factor); a job for a pool at zero stays Pending, its pods are never
 # created, and no autoscaler sees them (volcano-sh/volcano issue 3910). Without `enqueue`, allocate moves a
 # Pending PodGroup to Inqueue itself (pkg/scheduler/actions/allocate/allocate.go, "no enqueue action").
-def gang_needs(record: ResourceRecord) -> dict[str, float]:
-    """What a Volcano job's gang (its first minAvailable pods) requests in all."""
-    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
-    wanted: dict[str, float] = {}
-    for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
-        for resource, amount in pod.requests.items():
-            wanted[resource] = wanted.get(resource, 0.0) + amount
-    return wanted
-
-
 def gang_admitted(record: ResourceRecord, moment: Moment) -> str | None:
     scheduler = moment.after.scheduler
     if scheduler is None:
@@ -448,5 +448,5 @@ RULES: tuple[Rule, ...] = (
     Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
     Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
-         "Karpenter disruption docs (WhenEmpty); Fluid dataset placement"),
+         "Karpenter disruption docs (WhenEmpty); Fluid AlluxioRuntime/Dataset placement"),
 )
