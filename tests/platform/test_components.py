@@ -13,23 +13,30 @@ import yaml
 from trainyard.config.model import TimeSlicing
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
-from trainyard.plan.runtime import StackFile, read_stack, render
+from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
+from trainyard.platform.addon import Addon
 from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.gpu_operator import device_plugin_configs
 from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
+from trainyard.platform.registry import load_registry
 from trainyard.platform.rook_ceph import snapshot_interval
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-AWS_RELEASES = {"cilium", "kube-prometheus-stack", "prometheus-adapter", "volcano", "gpu-operator",
-                "aws-efa-k8s-device-plugin", "rook-ceph", "ceph-csi-drivers", "rook-ceph-cluster", "fluid"}
-# Karpenter's release comes from the cloud engineer's component; it is not part of this layer's own set.
-NOT_OURS = {"karpenter"}
+STACKS = available_stacks()
+# Components that are not add-ons of platform/addons.yaml: building blocks the layer itself creates.
+NOT_ADDONS = {"trainyard:platform:Tenants", "trainyard:platform:EbsStorageClass"}
 
 
 @cache
 def _recording(stack: str) -> Recording:
     return render(read_stack(stack))
+
+
+@cache
+def _enabled(stack: str) -> tuple[Addon, ...]:
+    """The add-ons the stack turns on, as the registry reads its switches."""
+    return load_registry(REPO_ROOT).enabled(settings_of(read_stack(stack)))
 
 
 @cache
@@ -69,17 +76,21 @@ def _walk(value: Any) -> Iterator[Any]:
 # ------------------------------------------------------------------------------------------ release sets
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging"])
-def test_aws_stacks_install_every_addon(stack: str) -> None:
-    assert set(_releases(stack)) - NOT_OURS == AWS_RELEASES
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_stack_installs_the_charts_of_the_addons_it_turns_on(stack: str) -> None:
+    enabled = _enabled(stack)
+    required = {chart for addon in enabled for chart in addon.charts if chart not in addon.optional_charts}
+    allowed = {chart for addon in enabled for chart in addon.charts}
+    assert required <= set(_releases(stack)) <= allowed
 
 
-def test_dev_has_no_efa_plugin_without_efa_pools() -> None:
-    assert set(_releases("dev")) - NOT_OURS == AWS_RELEASES - {"aws-efa-k8s-device-plugin"}
+@pytest.mark.parametrize("stack", STACKS)
+def test_efa_plugin_only_with_efa_pools(stack: str) -> None:
+    efa = any(pool.efa for pool in settings_of(read_stack(stack)).pools("gpu"))
+    assert ("aws-efa-k8s-device-plugin" in _releases(stack)) == efa
 
 
-def test_local_renders_volcano_monitoring_and_tenants_only() -> None:
-    assert set(_releases("local")) == {"volcano", "kube-prometheus-stack", "prometheus-adapter"}
+def test_local_renders_kubernetes_network_policies() -> None:
     assert _objects("local", "CiliumNetworkPolicy") == []
     # Registration order is the asyncio scheduler's; compare as sorted lists.
     assert sorted(o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")) == ["research"]
@@ -344,12 +355,14 @@ def _records(stack: str, type_prefix: str) -> list[ResourceRecord]:
     return [r for r in _recording(stack).resources if r.type.startswith(type_prefix)]
 
 
-@pytest.mark.parametrize("stack", ["prod", "local"])
+@pytest.mark.parametrize("stack", STACKS)
 def test_every_addon_is_a_typed_component(stack: str) -> None:
-    components = {r.type for r in _records(stack, "trainyard:platform:")}
-    expected = {"trainyard:platform:Volcano", "trainyard:platform:Monitoring", "trainyard:platform:Tenants"}
-    if stack == "prod":
-        expected |= {"trainyard:platform:Cilium", "trainyard:platform:GpuOperator", "trainyard:platform:RookCeph",
-                     "trainyard:platform:CephStorage", "trainyard:platform:Alluxio",
-                     "trainyard:platform:EbsStorageClass"}
-    assert components - {"trainyard:platform:Karpenter"} == expected  # Karpenter: the cloud engineer's
+    """Each add-on the stack turns on is one component, typed after it; every Helm release sits inside one."""
+    components = {r.urn: r for r in _records(stack, "trainyard:platform:")}
+    top_level = {(r.type, r.name) for r in components.values() if r.parent not in components}
+    expected = {(f"trainyard:platform:{a.type_name}", a.resource_name) for a in _enabled(stack)}
+    assert {item for item in top_level if item[0] not in NOT_ADDONS} == expected
+    by_urn = _recording(stack).by_urn()
+    for release in _records(stack, HELM_RELEASE):
+        parent = by_urn[release.parent] if release.parent else None
+        assert parent is not None and parent.type.startswith("trainyard:platform:"), release.urn

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 
 import pytest
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, release_of
+from trainyard.platform.registry import load_registry
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS = available_stacks()
 AWS_STACKS = [s for s in STACKS if read_stack(s).values.get("trainyard:target") == "aws"]
 # API groups served by Kubernetes itself; everything else is a custom resource whose CRD a release installs.
@@ -20,17 +23,10 @@ BUILTIN_GROUPS = frozenset((
     "coordination.k8s.io", "discovery.k8s.io", "node.k8s.io", "certificates.k8s.io", "events.k8s.io",
     "apiregistration.k8s.io", "flowcontrol.apiserver.k8s.io", "resource.k8s.io",
 ))
-# CRD group -> chart of the release that installs it.
-CRD_OWNERS = {
-    "cilium.io": "cilium",
-    "monitoring.coreos.com": "kube-prometheus-stack",
-    "scheduling.volcano.sh": "volcano",
-    "batch.volcano.sh": "volcano",
-    "data.fluid.io": "fluid",
-    "ceph.rook.io": "rook-ceph",
-    "karpenter.sh": "karpenter",
-    "karpenter.k8s.aws": "karpenter",
-}
+REGISTRY = load_registry(REPO_ROOT)
+# CRD group -> chart of the release that installs it (platform/addons.yaml `crds`).
+CRD_OWNERS = REGISTRY.crd_owners()
+CNI_CHART = next(addon.charts[0] for addon in REGISTRY.addons if addon.cni)
 NODE_CAPACITY_KINDS = frozenset(("kubernetes:karpenter.sh/v1:NodePool", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"))
 PROMETHEUS_KINDS = frozenset(("ServiceMonitor", "PodMonitor", "PrometheusRule"))
 
@@ -97,19 +93,11 @@ def test_prometheus_objects_wait_for_kube_prometheus_stack(stack: str) -> None:
     assert [r.urn for r in objects if stack_release not in upstream(recording, r.urn)] == []
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_releases_emitting_service_monitors_wait_for_kube_prometheus_stack(stack: str) -> None:
-    recording = _recording(stack)
-    releases = releases_by_chart(recording)
-    emitting = [chart for chart in ("gpu-operator", "rook-ceph", "rook-ceph-cluster", "karpenter") if chart in releases]
-    assert [c for c in emitting if releases["kube-prometheus-stack"] not in upstream(recording, releases[c])] == []
-
-
 @pytest.mark.parametrize("stack", AWS_STACKS)
 def test_cilium_comes_before_every_other_release(stack: str) -> None:
     recording = _recording(stack)
     releases = releases_by_chart(recording)
-    cilium = releases.pop("cilium")
+    cilium = releases.pop(CNI_CHART)
     assert len(releases) >= 5
     assert sorted(chart for chart, urn in releases.items() if cilium not in upstream(recording, urn)) == []
 

@@ -1,0 +1,150 @@
+"""Metrics follow platform/addons.yaml: what an add-on declares is scraped when monitoring is on and switched off
+when it is not, and a chart value turning on metrics that no declaration covers fails here by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainyard.config import Settings
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
+from trainyard.platform.addon import Addon
+from trainyard.platform.registry import MONITORING, load_registry
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGISTRY = load_registry(REPO_ROOT)
+STACKS = available_stacks()
+STACK_CHART = "kube-prometheus-stack"
+# Every stack turns monitoring on; an AWS and the local stack are also rendered with it off.
+CASES = [(stack, True) for stack in STACKS] + [("dev", False), ("local", False)]
+MONITOR_KINDS = ("serviceMonitor", "podMonitor", "prometheusRule")
+# `<one of these>.enabled` on (or a non-empty list of metrics) means the chart serves Prometheus metrics.
+METRICS_SWITCHES = ("prometheus", "monitoring", "metrics")
+
+
+def _stack(stack: str, monitoring: bool) -> StackFile:
+    base = read_stack(stack)
+    if monitoring:
+        return base
+    addons = json.loads(base.values.get("trainyard:addons", "{}"))
+    addons["monitoring"] = {**addons.get("monitoring", {}), "enabled": False}
+    return dataclasses.replace(base, values={**base.values, "trainyard:addons": json.dumps(addons)})
+
+
+@cache
+def _recording(stack: str, monitoring: bool) -> Recording:
+    return render(_stack(stack, monitoring))
+
+
+@cache
+def _settings(stack: str, monitoring: bool) -> Settings:
+    return settings_of(_stack(stack, monitoring))
+
+
+def _releases(recording: Recording) -> dict[str, ResourceRecord]:
+    return {release_of(r)["chart"].rsplit("/", 1)[-1]: r for r in recording.resources if r.type == HELM_RELEASE}
+
+
+def _upstream(recording: Recording, urn: str) -> set[str]:
+    by_urn, seen, todo = recording.by_urn(), set(), [urn]
+    while todo:
+        record = by_urn.get(todo.pop())
+        for nxt in (*record.depends_on, *([record.parent] if record.parent else [])) if record else ():
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _get(values: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = values
+    for key in dotted.split("."):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
+
+
+def _leaves(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, str(key)))
+    else:
+        yield path, value
+
+
+def undeclared_metrics(addon: Addon, chart: str, values: Mapping[str, Any]) -> list[str]:
+    """Values of `chart` that turn metrics on without `addon` declaring them in platform/addons.yaml."""
+    problems = []
+    for path, value in _leaves(values):
+        if value is not True and not (isinstance(value, list) and value):
+            continue
+        dotted, switch = ".".join(path), path[-2:-1] if path[-1] == "enabled" else ()
+        if switch and switch[0] in MONITOR_KINDS and value is True \
+                and dotted not in addon.service_monitors.get(chart, ()):
+            problems.append(f"{chart}: {dotted} is on but not in addons.{addon.name}.serviceMonitors")
+        elif ((value is True and "metrics" in path[-1].lower()) or (switch and switch[0] in METRICS_SWITCHES)) \
+                and not addon.exposes_metrics:
+            problems.append(f"{chart}: {dotted} serves metrics but addons.{addon.name} declares no serviceMonitors "
+                            "or scrape targets")
+    return problems
+
+
+@pytest.mark.parametrize(("stack", "monitoring"), CASES)
+def test_declared_chart_service_monitors_follow_monitoring(stack: str, monitoring: bool) -> None:
+    recording = _recording(stack, monitoring)
+    releases = _releases(recording)
+    assert (STACK_CHART in releases) == monitoring
+    checked, enabled = 0, REGISTRY.enabled(_settings(stack, monitoring))
+    for addon in enabled:
+        for chart, paths in addon.service_monitors.items():
+            if chart not in releases:
+                continue  # an optional chart this stack does without
+            values = release_of(releases[chart])["values"]
+            assert {path: _get(values, path) for path in paths} == dict.fromkeys(paths, monitoring), chart
+            waits = _upstream(recording, releases[chart].urn) & {r.urn for r in releases.values()}
+            # The monitoring stack's CRDs must exist first when monitoring is on; nothing waits for it otherwise.
+            assert (releases[STACK_CHART].urn in waits) if monitoring else True, chart
+            checked += 1
+    assert checked > 0 or not any(addon.service_monitors for addon in enabled)
+
+
+@pytest.mark.parametrize(("stack", "monitoring"), CASES)
+def test_declared_scrape_targets_get_a_service_monitor(stack: str, monitoring: bool) -> None:
+    recording = _recording(stack, monitoring)
+    objects = [manifest_of(r) for r in recording.resources if is_kubernetes_object(r)
+               and r.type.endswith(":ServiceMonitor")]
+    found = {o["metadata"]["name"]: (o["spec"]["selector"]["matchLabels"], o["spec"]["namespaceSelector"]["matchNames"],
+                                     o["spec"]["endpoints"][0]["port"]) for o in objects}
+    enabled = REGISTRY.enabled(_settings(stack, monitoring))
+    expected = {target.name: (dict(target.selector), [target.namespace], target.port)
+                for addon in enabled for target in addon.scrape} if monitoring else {}
+    assert found == expected
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_metrics_a_chart_turns_on_are_declared(stack: str) -> None:
+    problems = []
+    for chart, record in _releases(_recording(stack, True)).items():
+        addon = REGISTRY.owner(chart)
+        if addon.name != MONITORING:  # it installs the monitoring CRDs itself
+            problems += undeclared_metrics(addon, chart, release_of(record)["values"])
+    assert problems == []
+
+
+def test_an_undeclared_metrics_endpoint_fails_loudly() -> None:
+    """Volcano without its scrape targets: the check names the values that serve metrics nobody scrapes."""
+    volcano = REGISTRY.get("volcano")
+    values = release_of(_releases(_recording("local", True))["volcano"])["values"]
+    assert undeclared_metrics(volcano, "volcano", values) == []
+    problems = undeclared_metrics(dataclasses.replace(volcano, scrape=()), "volcano", values)
+    assert problems and all("declares no serviceMonitors or scrape targets" in p for p in problems)
+    gpu = REGISTRY.get("gpuOperator")
+    gpu_values = release_of(_releases(_recording("prod", True))["gpu-operator"])["values"]
+    assert undeclared_metrics(dataclasses.replace(gpu, service_monitors={}), "gpu-operator", gpu_values) == [
+        "gpu-operator: dcgmExporter.serviceMonitor.enabled is on but not in addons.gpuOperator.serviceMonitors"]
