@@ -9,24 +9,23 @@ import pytest
 import yaml
 from trainyard.plan.chart_pods import CHART_PODS, lookup, release_pods
 from trainyard.plan.cluster_model import Toleration
-from trainyard.plan.conformance import shared_dir
+from trainyard.plan.conformance import upstream_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = shared_dir(ROOT)
+CHARTS = upstream_dir(ROOT) / "charts"  # filled by `tools/upstream.py sync`
 PINNED = {r["chart"]: str(r["version"]) for r in yaml.safe_load((ROOT / "platform" / "charts.yaml").read_text())[
     "releases"].values()}
 
 
 def _upstream(chart: str, at: str) -> tuple[dict[str, Any], str]:
     """The values.yaml holding `at` (a subchart's own file when `at` starts with its dependency key)."""
-    base = SHARED / "upstream" / "charts" / chart / PINNED[chart]
+    base = CHARTS / chart / PINNED[chart]
     first = at.split(".", 1)[0]
     if first and (base / "charts" / first / "values.yaml").is_file():
         return yaml.safe_load((base / "charts" / first / "values.yaml").read_text()), at.partition(".")[2]
     return yaml.safe_load((base / "values.yaml").read_text()), at
 
 
-@pytest.mark.skipif(not (SHARED / "upstream" / "charts").is_dir(), reason="upstream chart data (../shared) absent")
 @pytest.mark.parametrize("chart", sorted(CHART_PODS))
 def test_defaults_match_the_pinned_chart(chart: str) -> None:
     assert chart in PINNED, f"{chart} is not in platform/charts.yaml"
