@@ -6,7 +6,8 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from trainyard_policy.resources import Resource, Violation, kind_of
+from trainyard_policy.resources import Resource, Violation, kind_of, metadata
+from trainyard_policy.tenancy import TENANT_LABEL
 
 _POLICY_DOCUMENT_TYPES = frozenset({"aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy",
                                     "aws:iam/userPolicy:UserPolicy", "aws:iam/groupPolicy:GroupPolicy",
@@ -60,4 +61,58 @@ def no_wildcard_iam(resources: Sequence[Resource]) -> list[Violation]:
                 continue
             if "*" in _as_list(statement.get("Action")) and "*" in _as_list(statement.get("Resource")):
                 found.append(Violation(r.urn, "IAM statement allows Action '*' on Resource '*'"))
+    return found
+
+
+_POD_IDENTITY_ASSOCIATION = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+# IAM resolves this to the calling pod's namespace (EKS Pod Identity session tag, on by default:
+# docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html).
+NAMESPACE_VARIABLE = "${aws:PrincipalTag/kubernetes-namespace}"
+_S3_WRITES = ("s3:*", "s3:put*", "s3:delete*", "s3:putobject", "s3:deleteobject", "s3:deleteobjectversion")
+
+
+def _writes(actions: list[Any]) -> bool:
+    return any(str(a).lower() in _S3_WRITES for a in actions) or "*" in actions
+
+
+def _object_grants(document: Any) -> Iterator[tuple[str, bool, bool]]:
+    """(bucket or '*', writes, scoped to the caller's namespace) per object resource of each Allow statement."""
+    for statement in _statements(document):
+        if statement.get("Effect") != "Allow":
+            continue
+        actions = _as_list(statement.get("Action"))
+        if not any(str(a).lower().startswith("s3:") or a == "*" for a in actions):
+            continue
+        for resource in map(str, _as_list(statement.get("Resource"))):
+            if resource == "*":
+                yield "*", _writes(actions), False
+            elif resource.startswith("arn:aws:s3:::") and "/" in resource:
+                bucket, _, key = resource.removeprefix("arn:aws:s3:::").partition("/")
+                yield bucket, _writes(actions), key.startswith(f"{NAMESPACE_VARIABLE}/")
+
+
+def _tenant_namespaces(resources: Sequence[Resource]) -> set[str]:
+    return {str(metadata(r).get("name")) for r in resources
+            if kind_of(r) == "Namespace" and TENANT_LABEL in (metadata(r).get("labels") or {})}
+
+
+def tenant_objects_scoped(resources: Sequence[Resource]) -> list[Violation]:
+    """A role a tenant (or several namespaces) assumes may write to a bucket only under `<bucket>/<own namespace>/`,
+    and may then read that bucket only there too: otherwise one tenant reads or deletes another's objects."""
+    tenants = _tenant_namespaces(resources)
+    namespaces: dict[str, set[str]] = {}
+    for r in resources:
+        if r.type == _POD_IDENTITY_ASSOCIATION and r.parent:
+            namespaces.setdefault(r.parent, set()).add(str(r.inputs.get("namespace")))
+    found = []
+    for r in resources:
+        assumed_by = namespaces.get(r.parent or "", set())
+        if r.type != "aws:iam/rolePolicy:RolePolicy" or not (len(assumed_by) > 1 or assumed_by & tenants):
+            continue
+        grants = list(_object_grants(r.inputs.get("policy")))
+        written = {bucket for bucket, writes, _ in grants if writes}
+        for bucket in sorted({b for b, _, scoped in grants if not scoped and (b in written or b == "*"
+                                                                              or "*" in written)}):
+            found.append(Violation(r.urn, f"objects of {bucket!r} are granted to every namespace that assumes this "
+                                          f"role; scope them to {bucket}/{NAMESPACE_VARIABLE}/*"))
     return found

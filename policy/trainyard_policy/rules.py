@@ -23,6 +23,8 @@ RULES: tuple[Rule, ...] = (
     Rule("buckets-secure", "Buckets are encrypted, versioned and private", storage.buckets_secure),
     Rule("imdsv2-required", "Launch templates and EC2NodeClasses require IMDSv2", access.imdsv2_required),
     Rule("no-wildcard-iam", "No IAM statement allows Action '*' on Resource '*'", access.no_wildcard_iam),
+    Rule("tenant-objects-scoped", "A role shared by several namespaces reaches a bucket it writes only under "
+         "the caller's namespace prefix", access.tenant_objects_scoped),
     Rule("charts-pinned", "Helm releases pin an exact chart version", pinning.charts_pinned),
     Rule("images-pinned", "Images carry a tag other than latest, or a digest", pinning.images_pinned),
     Rule("stateful-protected", "Buckets, KMS keys, Ceph clusters (or their chart) and checkpoint claims are protected",

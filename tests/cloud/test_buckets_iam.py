@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from aws_plan import AWS_STACKS, of_type, plan, policy_documents
+from aws_plan import AWS_STACKS, of_type, one, plan, policy_documents
 from trainyard.plan.placeholders import ACCOUNT
 from trainyard.plan.runtime import read_stack, render
 
@@ -104,3 +104,44 @@ def test_local_stack_creates_no_aws_resource() -> None:
     rec = render(read_stack("local"))
     assert rec.resources
     assert not [r.type for r in rec.resources if r.type.startswith("aws:") or r.type.startswith("pulumi:providers:aws")]
+
+
+NAMESPACE = "${aws:PrincipalTag/kubernetes-namespace}"
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_tenants_reach_only_their_own_checkpoint_prefix(stack: str) -> None:
+    """Issue 9 item 16: one trainer role, scoped per namespace by the Pod Identity session tag."""
+    rec = plan(stack)
+    (policy,) = [json.loads(p.inputs["policy"]) for p in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
+                 if p.name == "trainer-policy"]
+    bucket = f"arn:aws:s3:::trainyard-{stack}-checkpoints-{ACCOUNT}"
+    on_checkpoints = [s for s in policy["Statement"] if json.dumps(s["Resource"]).startswith(f'"{bucket}')]
+    objects = [s for s in on_checkpoints if s["Resource"] != bucket]
+    assert objects and all(s["Resource"] == f"{bucket}/{NAMESPACE}/*" for s in objects)
+    assert {"s3:PutObject", "s3:DeleteObject", "s3:GetObject"} <= {a for s in objects for a in s["Action"]}
+    (listing,) = [s for s in on_checkpoints if "s3:ListBucket" in s["Action"]]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"{NAMESPACE}/*"]}}
+    assert not [s for s in on_checkpoints if "s3:ListBucketMultipartUploads" in s["Action"]]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_pod_identity_trust_names_cluster_namespace_and_account(stack: str) -> None:
+    rec = plan(stack)
+    cluster_arn = ":" + one(rec, "aws:eks/cluster:Cluster").name  # the plan's placeholder ARN ends so
+    by_parent: dict[str, set[tuple[str, str]]] = {}
+    for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation"):
+        by_parent.setdefault(a.parent or "", set()).add((a.inputs["namespace"], a.inputs["serviceAccount"]))
+    roles = [r for r in of_type(rec, "aws:iam/role:Role") if r.parent in by_parent]
+    assert len(roles) == len(by_parent) >= 5
+    for role in roles:
+        statements = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+        admitted = set()
+        for s in statements:
+            assert s["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+            assert s["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+            tags = s["Condition"]["StringEquals"]
+            assert tags["aws:RequestTag/eks-cluster-arn"].endswith(cluster_arn)
+            admitted.add((tags["aws:RequestTag/kubernetes-namespace"],
+                          tags["aws:RequestTag/kubernetes-service-account"]))
+        assert admitted == by_parent[role.parent or ""]

@@ -205,7 +205,23 @@ def test_tenant_without_queue_is_caught() -> None:
     assert namespace.urn in flagged("tenants-isolated", kept)
 
 
+def _shared_role_policy(r: Resource) -> bool:
+    return r.type == "aws:iam/rolePolicy:RolePolicy" and r.name == "trainer-policy"
+
+
+@pytest.mark.parametrize("resource", ["{bucket}/*", "{bucket}/checkpoints/*", "*"])
+def test_tenant_wide_bucket_grant_is_caught(resource: str) -> None:
+    resources, policy = find(_shared_role_policy, "the trainer role policy every tenant shares")
+    document = json.loads(policy.inputs["policy"])
+    scoped = next(s for s in document["Statement"] if "s3:PutObject" in s["Action"])
+    bucket = scoped["Resource"].split("/", 1)[0]
+    scoped["Resource"] = resource.format(bucket=bucket)
+    broken = dataclasses.replace(policy, inputs={**policy.inputs, "policy": json.dumps(document)})
+    assert policy.urn in flagged("tenant-objects-scoped", swap(resources, broken))
+
+
 def test_every_rule_has_a_breaking_test() -> None:
     covered = {"mig-layout-fits", "gpu-pools-tainted", "gpu-workloads", "buckets-secure", "imdsv2-required",
-               "no-wildcard-iam", "charts-pinned", "images-pinned", "stateful-protected", "tenants-isolated"}
+               "no-wildcard-iam", "tenant-objects-scoped", "charts-pinned", "images-pinned", "stateful-protected",
+               "tenants-isolated"}
     assert covered == set(RULE_NAMES)

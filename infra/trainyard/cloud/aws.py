@@ -85,7 +85,8 @@ def build_aws(settings: Settings) -> ControlPlane:
     def identity(logical: str, role: str, accounts: tuple[names.ServiceAccountRef, ...],
                  policy: dict[str, object] | None = None, managed: tuple[str, ...] = ()) -> PodIdentityRole:
         return PodIdentityRole(logical, PodIdentityRoleArgs(
-            cluster_name=cluster.name, role_name=physical(settings, role), service_accounts=accounts,
+            cluster_name=cluster.name, cluster_arn=cluster.arn, role_name=physical(settings, role),
+            service_accounts=accounts,
             policy=policy, managed_policy_arns=managed, tags=tags))
 
     datasets, checkpoints = buckets.datasets, buckets.checkpoints

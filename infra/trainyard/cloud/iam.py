@@ -49,9 +49,29 @@ def service_trust(service: str, actions: Sequence[str] = ("sts:AssumeRole",)) ->
     return document({"Effect": "Allow", "Principal": {"Service": service}, "Action": list(actions)})
 
 
-def pod_identity_trust() -> Policy:
-    # Pod Identity passes session tags (namespace, service account, cluster), hence sts:TagSession.
-    return service_trust(POD_IDENTITY_PRINCIPAL, ("sts:AssumeRole", "sts:TagSession"))
+# Session tags EKS Pod Identity puts on every role session, on by default (disableSessionTags false):
+# docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html, "List of session tags added by EKS Pod Identity".
+TAG_CLUSTER_ARN = "eks-cluster-arn"
+TAG_NAMESPACE = "kubernetes-namespace"
+TAG_SERVICE_ACCOUNT = "kubernetes-service-account"
+# The caller's own namespace, as IAM resolves it in a policy of a Pod Identity session.
+NAMESPACE_VARIABLE = "${aws:PrincipalTag/" + TAG_NAMESPACE + "}"
+
+
+def pod_identity_trust(cluster_arn: pulumi.Input[str], service_accounts: Sequence[ServiceAccountRef]) -> Policy:
+    """One statement per service account: only that account, in that namespace, on this cluster may assume it.
+
+    Pod Identity's request tags are the conditions AWS documents for this trust (docs.aws.amazon.com/eks/latest/
+    userguide/pod-id-role.html, "Setting Conditions"); any other cluster or namespace of the account is refused.
+    """
+    return document(*({
+        "Effect": "Allow", "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
+        # sts:TagSession: Pod Identity passes the session tags these conditions read.
+        "Action": ["sts:AssumeRole", "sts:TagSession"],
+        "Condition": {"StringEquals": {f"aws:RequestTag/{TAG_CLUSTER_ARN}": cluster_arn,
+                                       f"aws:RequestTag/{TAG_NAMESPACE}": sa.namespace,
+                                       f"aws:RequestTag/{TAG_SERVICE_ACCOUNT}": sa.name}},
+    } for sa in service_accounts))
 
 
 def bucket_read(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str], prefix: str = "") -> list[dict[str, Any]]:
@@ -66,13 +86,20 @@ def bucket_read(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str], prefi
     ]
 
 
-def bucket_read_write(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str]) -> list[dict[str, Any]]:
-    """Read, write and delete objects (checkpoint rotation) with multipart uploads; no bucket-level changes."""
-    objects = pulumi.Output.concat(bucket_arn, "/*")
+def namespace_read_write(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str]) -> list[dict[str, Any]]:
+    """Read, write and delete objects under `<bucket>/<caller's namespace>/` only, with multipart uploads.
+
+    One role serves every tenant; the session's namespace tag picks the prefix, so a tenant can neither list nor
+    touch another's objects. The KMS grant stays bucket-wide: with an S3 bucket key the encryption context is the
+    bucket, not the object, so S3 object permissions are the boundary.
+    """
+    own = pulumi.Output.concat(bucket_arn, "/", NAMESPACE_VARIABLE, "/*")
     return [
-        allow(["s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads"], bucket_arn),
+        allow(["s3:ListBucket"], bucket_arn, {"StringLike": {"s3:prefix": [f"{NAMESPACE_VARIABLE}/*"]}},
+              sid="ListOwnNamespace"),
+        allow(["s3:GetBucketLocation"], bucket_arn),
         allow(["s3:GetObject", "s3:GetObjectVersion", "s3:PutObject", "s3:DeleteObject",
-               "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"], objects),
+               "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"], own, sid="ObjectsOfOwnNamespace"),
         allow(["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "kms:DescribeKey"], key_arn),
     ]
 
@@ -85,7 +112,8 @@ def alluxio_policy(dataset_bucket_arn: pulumi.Input[str], dataset_key_arn: pulum
 
 def trainer_policy(checkpoint_bucket_arn: pulumi.Input[str], checkpoint_key_arn: pulumi.Input[str],
                    dataset_bucket_arn: pulumi.Input[str], dataset_key_arn: pulumi.Input[str]) -> Policy:
-    return document(*bucket_read_write(checkpoint_bucket_arn, checkpoint_key_arn),
+    """Checkpoint exports under `<checkpoint bucket>/<namespace>/`; shared datasets read-only."""
+    return document(*namespace_read_write(checkpoint_bucket_arn, checkpoint_key_arn),
                     *bucket_read(dataset_bucket_arn, dataset_key_arn))
 
 
@@ -116,6 +144,8 @@ class PodIdentityRoleArgs:
     """A role assumed through EKS Pod Identity by the given service accounts of one cluster."""
 
     cluster_name: pulumi.Input[str]
+    # The trust policy admits sessions of this cluster only (the eks-cluster-arn request tag).
+    cluster_arn: pulumi.Input[str]
     role_name: str
     service_accounts: tuple[ServiceAccountRef, ...]
     policy: Policy | None = None
@@ -133,7 +163,8 @@ class PodIdentityRole(pulumi.ComponentResource):
         super().__init__("trainyard:cloud:PodIdentityRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.role = aws.iam.Role(f"{name}-role", name=args.role_name,
-                                 assume_role_policy=pulumi.Output.json_dumps(pod_identity_trust()),
+                                 assume_role_policy=pulumi.Output.json_dumps(
+                                     pod_identity_trust(args.cluster_arn, args.service_accounts)),
                                  tags=args.tags, opts=child)
         grants: list[pulumi.Resource] = []
         if args.policy is not None:

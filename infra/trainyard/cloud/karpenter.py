@@ -173,7 +173,8 @@ class KarpenterInfra(pulumi.ComponentResource):
                                        opts=pulumi.ResourceOptions(parent=self, depends_on=[queue_policy_resource]))
 
         self.controller = PodIdentityRole(f"{name}-controller", PodIdentityRoleArgs(
-            cluster_name=args.cluster.name, role_name=f"{args.cluster_name}-karpenter-controller",
+            cluster_name=args.cluster.name, cluster_arn=args.cluster.arn,
+            role_name=f"{args.cluster_name}-karpenter-controller",
             service_accounts=(KARPENTER,),
             policy=controller_policy(args.cluster_name, args.region, args.cluster.arn, node.role.arn,
                                      self.queue.arn),
