@@ -341,3 +341,15 @@ def test_a_claim_without_a_class_gets_the_default_one_and_its_backend() -> None:
     assert findings(eks, cni, system, ebs, gp3_after, rec(PVC, "data", {"spec": {}}, (gp3_after,))) == []
     no_default = rec(PVC, "data", {"spec": {}}, (system,))
     assert "no default class" in findings(eks, cni, system, no_default)[0].problem
+
+
+def test_hook_jobs_need_a_node_even_without_waiting() -> None:
+    eks = cluster()
+    early = release("monitoring", "kube-prometheus-stack", {}, eks, atomic=False, skip_await=True)
+    cni = cilium(eks)
+    problems = findings(eks, early, cni, node_group("system", eks, cni))
+    assert [(f.rule, f.name) for f in problems] == [("release-needs-nodes", "monitoring")]
+    assert "runs the hook Job for admission-webhook-jobs" in problems[0].problem
+    no_hooks = release("monitoring", "kube-prometheus-stack", {"prometheusOperator": {"admissionWebhooks": {
+        "patch": {"enabled": False}}}}, eks, atomic=False, skip_await=True)
+    assert findings(eks, no_hooks, cni, node_group("system", eks, cni)) == []

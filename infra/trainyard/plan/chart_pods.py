@@ -2,7 +2,8 @@
 
 `helm install --wait` (what a pulumi-kubernetes Release does unless `skipAwait`) waits until every Deployment and
 StatefulSet the chart created has its pods ready (helm.sh/docs/helm/helm_install, "--wait"); a DaemonSet with no
-matching node is ready with zero pods, so only Deployment/StatefulSet components are listed. For each chart the
+matching node is ready with zero pods, so only Deployment/StatefulSet components are listed, plus hook Jobs, which
+Helm runs to completion with or without --wait (helm.sh/docs/topics/charts_hooks). For each chart the
 table names where in the chart's values a component's placement keys live and the chart's own defaults for them
 (read from the chart's values.yaml at the pinned version, `../shared/upstream/charts/<chart>/<version>/`); Helm
 merges our maps over those defaults and replaces lists (helm.sh/docs/chart_template_guide/values_files).
@@ -37,6 +38,7 @@ class ChartPod:
     selector_key: str = "nodeSelector"
     tolerations_key: str = "tolerations"
     replicas_key: str = "replicas"
+    hook: bool = False  # a Helm hook Job: Helm runs it to completion even without --wait
 
 
 CHART_PODS: Mapping[str, tuple[ChartPod, ...]] = {
@@ -59,10 +61,13 @@ CHART_PODS: Mapping[str, tuple[ChartPod, ...]] = {
                      {"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"}]}]}}}),
     ),
     # kube-prometheus-stack 88.5.3: the operator, grafana and kube-state-metrics Deployments (no defaults for
-    # placement). Prometheus and Alertmanager are StatefulSets the operator creates later: Helm does not wait
-    # for them (their volumes are checked by the storage rule instead).
+    # placement), and the admission webhook's certificate Jobs, which are install hooks. Prometheus and
+    # Alertmanager are StatefulSets the operator creates later: Helm does not wait for them (their volumes are
+    # checked by the storage rule instead).
     "kube-prometheus-stack": (
         ChartPod("prometheus-operator", "prometheusOperator", "prometheusOperator.enabled"),
+        ChartPod("admission-webhook-jobs", "prometheusOperator.admissionWebhooks.patch",
+                 "prometheusOperator.admissionWebhooks.patch.enabled", hook=True),
         ChartPod("grafana", "grafana", "grafana.enabled"),
         ChartPod("kube-state-metrics", "kube-state-metrics", "kubeStateMetrics.enabled"),
     ),
@@ -128,14 +133,15 @@ def lookup(values: Mapping[str, Any], path: str, default: Any = None) -> Any:
     return current
 
 
-def release_pods(chart: str, values: Mapping[str, Any]) -> tuple[PodNeeds, ...] | None:
-    """The pods a waiting install of `chart` needs running; None when the chart is not in the table."""
+def release_pods(chart: str, values: Mapping[str, Any], *, waits: bool = True) -> tuple[PodNeeds, ...] | None:
+    """The pods an install of `chart` needs running (only its hook Jobs when it does not wait); None when the
+    chart is not in the table."""
     components = CHART_PODS.get(chart_name(chart))
     if components is None:
         return None
     pods: list[PodNeeds] = []
     for c in components:
-        if c.enabled is not None and not lookup(values, c.enabled, c.enabled_default):
+        if not (waits or c.hook) or (c.enabled is not None and not lookup(values, c.enabled, c.enabled_default)):
             continue
         own = lookup(values, c.at, {}) or {}
         replicas = int(own.get(c.replicas_key, c.replicas)) if isinstance(own, Mapping) else c.replicas

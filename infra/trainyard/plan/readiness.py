@@ -130,24 +130,26 @@ def addon_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
 
 
 # A Release waits for its Deployments/StatefulSets unless skipAwait (pulumi-kubernetes Release docs: "skipAwait
-# will be disabled automatically if atomic is used"); their pods need nodes present at that point, or a
-# Karpenter NodePool that can launch one (Karpenter scheduling docs: node selectors, taints, resources).
+# will be disabled automatically if atomic is used"), and for its hook Jobs always (Helm chart hooks docs); their
+# pods need nodes present at that point, or a Karpenter NodePool that can launch one (Karpenter scheduling docs:
+# node selectors, taints, resources).
 def release_waits(record: ResourceRecord) -> bool:
     return bool(record.inputs.get("atomic")) or not record.inputs.get("skipAwait")
 
 
 def release_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
-    if not release_waits(record):
-        return None
     chart = str(record.inputs.get("chart", ""))
-    pods = release_pods(chart, record.inputs.get("values") or {})
+    waits = release_waits(record)
+    pods = release_pods(chart, record.inputs.get("values") or {}, waits=waits)
     if pods is None:
-        return f"no pod model for chart {chart_name(chart)!r}: add it to trainyard/plan/chart_pods.py CHART_PODS"
+        return f"no pod model for chart {chart_name(chart)!r}: add it to trainyard/plan/chart_pods.py CHART_PODS" \
+            if waits else None
     ready = ready_pools(moment.before)
     for pod in pods:
         if can_run_now(pod, ready) or can_launch(pod, ready):
             continue
-        return (f"the install waits (atomic/skipAwait false) for {pod.name}, which cannot be scheduled: "
+        why = "waits (atomic/skipAwait false)" if waits else "runs the hook Job"
+        return (f"the install {why} for {pod.name}, which cannot be scheduled: "
                 f"{_placement_problem(pod, ready, launch=True)}")
     return None
 
