@@ -26,3 +26,8 @@ TRAINER_SERVICE_ACCOUNT = "trainer"
 # but the dataset runtime, so that account is what gets the read-only dataset role.
 DATASET_NAMESPACE = "trainyard-data"
 ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "default")
+
+
+def fabric_check_job(pool: str) -> str:
+    """The Volcano job that checks one EFA pool's fabric (config rules and the workload layer both need it)."""
+    return f"fabric-check-{pool}"

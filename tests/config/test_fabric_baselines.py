@@ -33,10 +33,13 @@ def test_published_figures_as_read() -> None:
     # aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md, 2 nodes, 1073741824 B.
     assert FABRIC_BASELINES["p4de.24xlarge"].published_busbw_gbps == 76.79
     assert FABRIC_BASELINES["p5.48xlarge"].published_busbw_gbps == 436.95
-    assert fabric_threshold(["p5.48xlarge"]) == 327.7
+    assert fabric_threshold(["p5.48xlarge"], 32) == 327.7
 
 
-def test_a_mixed_pool_is_held_to_its_weakest_type() -> None:
-    assert fabric_threshold(["p5.48xlarge", "p5en.48xlarge"]) == 240.0
+def test_a_mixed_pool_is_held_to_its_weakest_type_with_the_interfaces_its_pods_get() -> None:
+    assert fabric_threshold(["p4d.24xlarge", "p4de.24xlarge"], 4) == 57.6
+    # p5e has 32 interfaces and p5en 16: pods get 16, half of a p5e's EFA bandwidth.
+    assert fabric_threshold(["p5e.48xlarge", "p5en.48xlarge"], 16) == 120.0
+    assert fabric_threshold(["p5en.48xlarge"], 16) == 240.0
     with pytest.raises(ValueError, match="no fabric baseline for g6.xlarge"):
-        fabric_threshold(["p5.48xlarge", "g6.xlarge"])
+        fabric_threshold(["p5.48xlarge", "g6.xlarge"], 32)

@@ -24,6 +24,7 @@ from trainyard.workloads import layer as workloads
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOLCANO_JOB_SCHEMA = upstream_dir(REPO_ROOT) / "crds" / "batch.volcano.sh" / "job_v1alpha1.json"
 JOB_TYPE = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+FABRIC_CHECK_TYPE = "trainyard:workloads:FabricCheck"
 CEPHFS_CLASS = "ceph-filesystem"
 DATASET_CLAIM = "dataset"
 PRIORITY_CLASS = "trainyard-training"
@@ -67,7 +68,17 @@ def rendered(stack: str) -> Recording:
 
 
 def volcano_jobs(recording: Recording) -> dict[str, ResourceRecord]:
+    """Every Volcano Job: the training jobs and the fabric checks."""
     return {r.inputs["metadata"]["name"]: r for r in recording.resources if r.type == JOB_TYPE}
+
+
+def fabric_checks(recording: Recording) -> dict[str, ResourceRecord]:
+    return {name: r for name, r in volcano_jobs(recording).items() if FABRIC_CHECK_TYPE in (r.parent or "")}
+
+
+def training_jobs(recording: Recording) -> dict[str, ResourceRecord]:
+    """The Volcano Jobs of the stack's `workloads` (not the fabric checks)."""
+    return {name: r for name, r in volcano_jobs(recording).items() if name not in fabric_checks(recording)}
 
 
 def volcano_schema_errors(record: ResourceRecord) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from jobs_render import JOB_TYPE, volcano_jobs, volcano_schema_errors
+from jobs_render import JOB_TYPE, training_jobs, volcano_schema_errors
 from trainyard.config import load_settings
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render
@@ -33,7 +33,7 @@ def _configured_jobs(stack: str) -> dict[str, str]:
 @pytest.mark.parametrize("stack", available_stacks())
 def test_every_configured_job_renders_as_a_valid_volcano_job(stack: str) -> None:
     recording = _program(stack)
-    rendered = volcano_jobs(recording)
+    rendered = training_jobs(recording)
     configured = _configured_jobs(stack)
     assert set(rendered) == set(configured)
     for name, kind in configured.items():
@@ -59,7 +59,7 @@ def test_pod_monitors_wait_for_the_monitoring_release(stack: str) -> None:
     recording = _program(stack)
     monitors = [r for r in recording.resources if r.type == "kubernetes:monitoring.coreos.com/v1:PodMonitor"
                 and "trainyard:workloads:" in (r.parent or "")]
-    assert len(monitors) == len(volcano_jobs(recording))  # monitoring is on in every stack file
+    assert len(monitors) == len(training_jobs(recording))  # monitoring is on in every stack file
     for monitor in monitors:
         assert any("trainyard:platform:Monitoring$kubernetes:helm.sh/v3:Release" in urn
                    for urn in monitor.depends_on), monitor.name

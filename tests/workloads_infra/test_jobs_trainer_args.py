@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jobs_render import volcano_jobs
+from jobs_render import training_jobs
 from trainyard.plan.runtime import read_stack, render, settings_of
 from trainyard_train.config import load_config
 
@@ -22,7 +22,7 @@ def _trainer_argv(job: dict) -> list[str]:
 def test_every_job_passes_the_trainer_a_valid_config(stack: str) -> None:
     file = read_stack(stack)
     jobs = {j.name: j for j in settings_of(file).workloads}
-    rendered = volcano_jobs(render(file))
+    rendered = training_jobs(render(file))
     assert set(rendered) == set(jobs)
     for name, record in rendered.items():
         argv = _trainer_argv(record.inputs)

@@ -140,9 +140,17 @@ FABRIC_BASELINES: dict[str, FabricBaseline] = {
 }
 
 
-def fabric_threshold(instance_types: Sequence[str]) -> float:
-    """The busbw a pool's check must reach: the lowest of its types' (Karpenter may launch any of them)."""
+def fabric_threshold(instance_types: Sequence[str], efa_interfaces: int) -> float:
+    """The busbw a pool's check must reach with `efa_interfaces` EFA devices per pod.
+
+    The lowest over the pool's types, since Karpenter may launch any of them; a type's threshold shrinks in
+    proportion when the pod gets fewer of its interfaces than it has (a pool mixing p5e's 32 and p5en's 16
+    requests 16, so on a p5e node NCCL has half of that node's EFA bandwidth).
+    """
     missing = [name for name in instance_types if name not in FABRIC_BASELINES]
     if missing:
         raise ValueError(f"no fabric baseline for {', '.join(missing)}; known: {', '.join(sorted(FABRIC_BASELINES))}")
-    return min(FABRIC_BASELINES[name].min_busbw_gbps for name in instance_types)
+    return min(
+        round(FABRIC_BASELINES[name].min_busbw_gbps * min(1.0, efa_interfaces / INSTANCE_TYPES[name].efa_interfaces), 1)
+        for name in instance_types
+    )

@@ -346,6 +346,17 @@ class Job(Model):
     autoscaling: Autoscaling = Autoscaling()
 
 
+class FabricCheckSettings(Model):
+    """The all-reduce bus-bandwidth check run once on two nodes of every EFA pool (README, "Reading the fabric
+    check"); its threshold comes from the instance-type table."""
+
+    enabled: bool = True
+    # The trainer image: it carries `trainyard_train.commcheck` and the EFA libraries. Required while a pool has EFA.
+    image: PinnedImage | None = None
+    # Whose namespace and Volcano queue run the check; unset: the default tenant.
+    tenant: DnsLabel | None = None
+
+
 class CostSettings(Model):
     # Spot price as a fraction of on-demand, when no spot price table is given.
     spot_discount: Annotated[float, Field(gt=0, lt=1)] = 0.6
@@ -368,6 +379,7 @@ class Settings(Model):
     buckets: BucketSettings = BucketSettings()
     tenants: list[Tenant] = Field(default_factory=list, max_length=100)
     workloads: list[Job] = Field(default_factory=list, max_length=200)
+    fabric_check: FabricCheckSettings = FabricCheckSettings()
     cost: CostSettings = CostSettings()
     # Stateful resources (buckets, KMS keys, the Ceph cluster, checkpoint volumes) are protected, and buckets and
     # keys also retained on delete. Only a non-prod stack may turn this off, to be destroyed with `pulumi destroy`.
@@ -381,6 +393,15 @@ class Settings(Model):
 
     def tenant(self, name: str) -> Tenant:
         return next(t for t in self.tenants if t.name == name)
+
+    @property
+    def default_tenant(self) -> Tenant | None:
+        return next((t for t in self.tenants if t.default), None)
+
+    @property
+    def fabric_checked_pools(self) -> list[NodePool]:
+        """The pools the fabric check runs on: every EFA pool, unless the check is off."""
+        return [p for p in self.node_pools if p.efa] if self.fabric_check.enabled else []
 
     @property
     def is_aws(self) -> bool:

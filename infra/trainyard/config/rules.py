@@ -14,6 +14,7 @@ from trainyard.config import name_rules
 from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, Settings, TenantResources
+from trainyard.names import fabric_check_job
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 # RFC 5737 documentation ranges: an example value left in a stack, never a runner's address.
@@ -55,7 +56,7 @@ def check(settings: Settings, mig: MigCatalog, trainer_configs: Path, *,
     `platform_namespaces`: namespaces the platform installs into (no tenant may take one); `aws_region`: the
     stack's `aws:region`, when set, which must be the region the program deploys to.
     """
-    checks = (_names, _target, _network, _deploy, _node_pools, _addons, _buckets)
+    checks = (_names, _target, _network, _deploy, _node_pools, _addons, _buckets, _fabric_check)
     problems = [p for rule in checks for p in rule(settings)]
     if aws_region is not None and settings.aws is not None and aws_region != settings.aws.region:
         problems.append(Problem("aws.region", f"{settings.aws.region!r} differs from aws:region {aws_region!r} in "
@@ -329,6 +330,47 @@ def _trainer_config(at: str, name: str, configs: Path) -> Iterator[Problem]:
     # A link out of the folder would ship whatever it points at to every pod: the real file must be inside.
     if not path.is_file() or not path.resolve().is_relative_to(configs.resolve()):
         yield Problem(at, f"{name!r} is not a file in workloads/configs/; available: {available}")
+
+
+# Pod hostnames `<job>-worker-<i>` are DNS labels; the same room as workloads[].name leaves.
+_JOB_NAME_MAX = 52
+
+
+def _fabric_check(s: Settings) -> Iterator[Problem]:
+    """The check runs as a gang of two whole nodes of each EFA pool, in a tenant's namespace and queue."""
+    pools = s.fabric_checked_pools
+    if not pools:
+        return
+    off = "or set fabricCheck.enabled: false"
+    if s.fabric_check.image is None:
+        yield Problem("fabricCheck.image", f"is required while a pool has efa: the trainer image that runs the "
+                                           f"check, {off}")
+    tenants = {t.name: t for t in s.tenants}
+    if s.fabric_check.tenant is not None and s.fabric_check.tenant not in tenants:
+        yield Problem("fabricCheck.tenant", f"unknown tenant {s.fabric_check.tenant!r}; tenants: "
+                                            f"{_allowed(tenants) or 'none'}")
+    tenant = tenants.get(s.fabric_check.tenant) if s.fabric_check.tenant else s.default_tenant
+    if s.fabric_check.tenant is None and tenant is None:
+        yield Problem("fabricCheck.tenant", f"no tenant is the default: name the tenant whose queue runs the check; "
+                                            f"tenants: {_allowed(tenants) or 'none'}")
+    jobs = {j.name for j in s.workloads}
+    for pool in pools:
+        at = f"nodePools[{s.node_pools.index(pool)}]"
+        name = fabric_check_job(pool.name)
+        if pool.max_size < 2:
+            yield Problem(f"{at}.maxSize", f"the fabric check runs on 2 nodes of every EFA pool: must be at least 2, "
+                                           f"{off}")
+        if len(name) > _JOB_NAME_MAX:
+            yield Problem(f"{at}.name", f"the fabric check's job {name!r} would be longer than {_JOB_NAME_MAX} "
+                                        "characters: shorten the pool name")
+        if name in jobs:
+            yield Problem(f"{at}.name", f"workloads already has a job named {name!r}, the name of this pool's "
+                                        "fabric check")
+        gpus = 2 * min((t.gpu_count for t in _pool_types(pool)), default=0)
+        if tenant is not None and 0 < tenant.capability.gpu < gpus:
+            yield Problem(f"tenants[{s.tenants.index(tenant)}].capability.gpu",
+                          f"{tenant.capability.gpu} is below the {gpus} GPUs the fabric check of pool {pool.name!r} "
+                          "takes at once (2 whole nodes): Volcano would never admit it")
 
 
 def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[Problem]:

@@ -39,9 +39,9 @@ ELASTIC_WRAPPER = (
 )
 
 
-def rendezvous_endpoint(job: Job, namespace: str) -> str:
+def rendezvous_endpoint(job_name: str, namespace: str) -> str:
     """worker-0's name under the svc plugin's headless Service (hostname.subdomain.namespace.svc)."""
-    return f"{job.name}-{WORKER_TASK}-0.{job.name}.{namespace}.svc:{RDZV_PORT}"
+    return f"{job_name}-{WORKER_TASK}-0.{job_name}.{namespace}.svc:{RDZV_PORT}"
 
 
 def trainer_module_args(job: Job, *overrides: str) -> list[str]:
@@ -69,7 +69,7 @@ def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[s
         f"--nnodes={job.min_nodes}:{job.max_nodes}",
         f"--nproc-per-node={processes}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rendezvous_endpoint(job, namespace)}",
+        f"--rdzv-endpoint={rendezvous_endpoint(job.name, namespace)}",
         # Constant for the job's life, so a recreated pod joins the same rendezvous.
         f"--rdzv-id={namespace}-{job.name}",
         f"--max-restarts={TORCHRUN_MAX_RESTARTS}",

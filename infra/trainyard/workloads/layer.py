@@ -1,18 +1,44 @@
-"""The workload layer's entry: PlatformContext in, training jobs out."""
+"""The workload layer's entry: PlatformContext in, training jobs and the fabric check of each EFA pool out."""
 
 from __future__ import annotations
 
 from trainyard.config import Settings
+from trainyard.config.instance_types import fabric_threshold
 from trainyard.config.model import Job
+from trainyard.names import fabric_check_job
 from trainyard.paths import TRAINER_CONFIGS_DIR
 from trainyard.platform.context import PlatformContext
 from trainyard.workloads.args import TrainingJobArgs
+from trainyard.workloads.fabric import FabricCheck, FabricCheckArgs
 from trainyard.workloads.jobs import COMPONENTS
 
 
 def build(settings: Settings, platform: PlatformContext) -> None:
     for job in settings.workloads:
         COMPONENTS[job.kind](job.name, job_args(job, platform, protect=settings.protect))
+    for pool in settings.fabric_checked_pools:
+        name = fabric_check_job(pool.name)
+        FabricCheck(name, fabric_check_args(settings, pool.name, platform))
+
+
+def fabric_check_args(settings: Settings, pool_name: str, platform: PlatformContext) -> FabricCheckArgs:
+    """One EFA pool's check: the pool's facts, the tenant that runs it and the threshold of its instance types."""
+    check = settings.fabric_check
+    tenant_name = check.tenant or (settings.default_tenant.name if settings.default_tenant else None)
+    tenant = platform.tenants.get(tenant_name) if tenant_name else None
+    pool = next((p for p in platform.cluster.pools if p.name == pool_name), None)
+    if tenant is None or pool is None or check.image is None:
+        raise ValueError(f"fabric check of pool {pool_name!r}: the platform lacks its tenant {tenant_name!r} or pool, "
+                         "or fabricCheck.image is unset")
+    return FabricCheckArgs(
+        pool=pool,
+        tenant=tenant,
+        cluster=platform.cluster,
+        image=check.image,
+        min_busbw_gbps=fabric_threshold(pool.instance_types, pool.efa_interfaces),
+        priority_class=platform.training_priority_class,
+        volcano=platform.volcano,
+    )
 
 
 def job_args(job: Job, platform: PlatformContext, *, protect: bool) -> TrainingJobArgs:

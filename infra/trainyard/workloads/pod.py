@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainyard.cloud.context import PoolFacts
 from trainyard.names import GPU_TAINT_KEY, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
 from trainyard.platform.kube import labels
 from trainyard.workloads import launch
@@ -41,6 +42,9 @@ POD_SECURITY = {
     "fsGroupChangePolicy": "OnRootMismatch",
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
 
 
 def config_map_name(args: TrainingJobArgs) -> str:
@@ -129,8 +133,7 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         ],
         "resources": shape.resources.as_k8s(),
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": dict(CONTAINER_SECURITY),
     }
 
 
@@ -149,9 +152,14 @@ def _volumes(args: TrainingJobArgs) -> list[dict[str, Any]]:
 
 def _tolerations(args: TrainingJobArgs, shape: PodShape) -> list[dict[str, str]]:
     assert args.pool is not None
+    return pool_tolerations(args.pool, shape.resources)
+
+
+def pool_tolerations(pool: PoolFacts, resources: PodResources) -> list[dict[str, str]]:
+    """The pool's own taints, and the GPU taint when the pod takes GPUs."""
     tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
-                   for t in args.pool.taints if t.key != GPU_TAINT_KEY]
-    if shape.resources.accelerators.keys() - {EFA_RESOURCE}:
+                   for t in pool.taints if t.key != GPU_TAINT_KEY]
+    if resources.accelerators.keys() - {EFA_RESOURCE}:
         # Whole GPUs and MIG slices alike sit on nodes tainted nvidia.com/gpu, whatever its value.
         tolerations.append({"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
     return tolerations

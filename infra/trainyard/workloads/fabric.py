@@ -1,0 +1,148 @@
+"""The fabric check: `trainyard_train.commcheck` on a gang of two whole nodes of one EFA pool, once.
+
+Pulumi creates the Volcano Job once per EFA pool; Volcano runs it as soon as Karpenter has launched two nodes of
+the pool, and it ends Completed (bus bandwidth at the largest size reached the pool's threshold, every result
+correct) or Failed. Nothing retries it: a failed check is the finding. It is created again only when its spec
+changes (a new threshold, image or pool shape) or on `pulumi up --replace` of its URN; the README says how to
+read it. It does not hold up `pulumi up`: the nodes it needs may take minutes to come.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.names import POOL_LABEL, fabric_check_job
+from trainyard.platform.context import TenantFacts
+from trainyard.platform.kube import k8s_options, labels
+from trainyard.workloads import launch, sizing, volcano
+from trainyard.workloads.pod import (
+    CONTAINER_SECURITY,
+    EFA_ENV,
+    JOB_LABEL,
+    POD_SECURITY,
+    TENANT_LABEL,
+    ZONE_KEY,
+    pool_tolerations,
+)
+
+NODES = 2
+CHECK_LABEL = "trainyard.io/check"
+# NCCL logs which network and plugin it initialised ("NET/OFI Initializing aws-ofi-nccl 1.21.1", "Using network
+# Libfabric"): the lines that tell EFA from a fallback (NCCL env docs: NCCL_DEBUG, NCCL_DEBUG_SUBSYS).
+NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+# NCCL's shared-memory transport and proxy buffers live in /dev/shm; the container default (64 MiB) is too small.
+SHM_SIZE = "8Gi"
+# Room for torchrun's per-run logs: the root filesystem is read-only.
+TMP_SIZE = "1Gi"
+
+
+@dataclass(frozen=True)
+class FabricCheckArgs:
+    pool: PoolFacts
+    tenant: TenantFacts
+    cluster: ClusterContext
+    # The trainer image: it carries trainyard_train.commcheck, libfabric and aws-ofi-nccl.
+    image: str
+    # config/instance_types.py: fabric_threshold of the pool's types, with the EFA devices its pods get.
+    min_busbw_gbps: float
+    priority_class: str
+    volcano: pulumi.Resource | None = None
+
+    @property
+    def name(self) -> str:
+        return fabric_check_job(self.pool.name)
+
+
+def command(args: FabricCheckArgs, processes: int) -> tuple[list[str], list[str]]:
+    """(command, args): torchrun over c10d on exactly two nodes, no restarts, around the commcheck module."""
+    name, namespace = args.name, args.tenant.namespace
+    torchrun = [
+        f"--nnodes={NODES}",
+        f"--nproc-per-node={processes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={launch.rendezvous_endpoint(name, namespace)}",
+        f"--rdzv-id={namespace}-{name}",
+        "--max-restarts=0",
+    ]
+    module = ["-m", "trainyard_train.commcheck", f"--min-busbw-gbps={args.min_busbw_gbps}"]
+    return ["sh", "-c", launch.ELASTIC_WRAPPER, "torchrun"], [*torchrun, *module]
+
+
+class FabricCheck(pulumi.ComponentResource):
+    """One Volcano Job: a gang of two pods, each on its own node of the pool with all its GPUs and EFA devices."""
+
+    TYPE = "trainyard:workloads:FabricCheck"
+
+    volcano_job: k8s.apiextensions.CustomResource
+
+    def __init__(self, name: str, args: FabricCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(self.TYPE, name, None, opts)
+        metadata = {"name": args.name, "namespace": args.tenant.namespace, "labels": _labels(args),
+                    "annotations": dict(volcano.CHECKOV_SKIPS)}
+        spec = {
+            "schedulerName": volcano.SCHEDULER,
+            "queue": args.tenant.queue,
+            "priorityClassName": args.priority_class,
+            # Both pods or neither: one node alone measures nothing between nodes.
+            "minAvailable": NODES,
+            "minSuccess": NODES,
+            "maxRetry": 0,
+            "plugins": {"svc": list(volcano.SVC_PLUGIN), "env": []},
+            "policies": [dict(volcano.TERMINATE_ON_FAILED_POD)],
+            "tasks": [{"name": launch.WORKER_TASK, "replicas": NODES, "template": pod_template(args)}],
+        }
+        crds = [args.volcano] if args.volcano is not None else []
+        self.volcano_job = k8s.apiextensions.CustomResource(
+            name, api_version=volcano.API_VERSION, kind=volcano.KIND, metadata=metadata, spec=spec,
+            opts=k8s_options(args.cluster, self, [*args.tenant.ready, *crds]),
+        )
+        self.register_outputs({"job_name": args.name, "min_busbw_gbps": args.min_busbw_gbps})
+
+
+def _labels(args: FabricCheckArgs) -> dict[str, str]:
+    return labels(args.name, "fabric-check", **{JOB_LABEL: args.name, TENANT_LABEL: args.tenant.name,
+                                               CHECK_LABEL: "fabric", POOL_LABEL: args.pool.name})
+
+
+def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
+    pool = args.pool
+    # All of the smallest node's GPUs (NVLink inside, EFA between the two nodes) and all the EFA devices pods get.
+    resources = sizing.whole_gpus(pool, sizing.smallest_instance(pool).gpu_count, efa=True)
+    cmd, arguments = command(args, resources.processes)
+    env = {**EFA_ENV, **NCCL_LOGGING}
+    container = {
+        "name": "commcheck",
+        "image": args.image,
+        "command": cmd,
+        "args": arguments,
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "ports": [{"name": "c10d", "containerPort": launch.RDZV_PORT, "protocol": "TCP"}],
+        "resources": resources.as_k8s(),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": dict(CONTAINER_SECURITY),
+    }
+    spec = {
+        # A failed check is a result: the pod is not restarted in place (and the job has no retries).
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": dict(POD_SECURITY),
+        "priorityClassName": args.priority_class,
+        "nodeSelector": {POOL_LABEL: pool.name},
+        "tolerations": pool_tolerations(pool, resources),
+        # Both pods in one zone (a pool without a placement group may span several). Each takes all of a node's
+        # GPUs, so they never share one.
+        "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {JOB_LABEL: args.name}}, "topologyKey": ZONE_KEY,
+        }]}},
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+        ],
+    }
+    return {"metadata": {"labels": _labels(args)}, "spec": spec}
