@@ -124,3 +124,17 @@ def test_prometheus_is_on_its_own_ebs_gp3_class(stack: str) -> None:
                  if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "aws-ebs-csi-driver"]
     assert ebs_csi in _upstream(recording, storage_class.urn)
     assert not {releases["rook-ceph"], releases["rook-ceph-cluster"]} & waits_for
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_tenant_default_deny_lets_pods_reach_the_pod_identity_agent(stack: str) -> None:
+    """Cilium classifies 169.254.170.23 (the agent, host network) as the `host` entity, never a CIDR
+    (cilium/cilium issue 34387): the allow rule is `toEntities: [host]` on port 80, and nothing wider."""
+    policies = [r.inputs for r in _recording(stack).resources
+                if r.type == "kubernetes:cilium.io/v2:CiliumNetworkPolicy"]
+    assert policies
+    for policy in policies:
+        rules = [rule for rule in policy["spec"]["egress"] if "host" in rule.get("toEntities", [])]
+        assert [rule["toPorts"] for rule in rules] == [[{"ports": [{"port": "80", "protocol": "TCP"}]}]]
+        assert not [rule for rule in policy["spec"]["egress"]
+                    if any(c.startswith("169.254.170.23") for c in rule.get("toCIDR", []))]

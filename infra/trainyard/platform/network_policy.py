@@ -12,8 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 CILIUM_API_VERSION = "cilium.io/v2"
-# EKS Pod Identity agent: a link-local address served on every node (hostNetwork DaemonSet).
-POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
+# EKS Pod Identity agent: 169.254.170.23:80, served on every node by a hostNetwork DaemonSet (EKS user guide,
+# pod-identities "Considerations"). Cilium classifies that address as the `host` entity, so a toCIDR rule never
+# matches it (cilium/cilium issues 34387, 16308): it is allowed as `toEntities: [host]` on the agent's port only
+# (Cilium docs, Policy Language, "Entities Based": host = the local node and its host-network pods).
+POD_IDENTITY_AGENT_ENTITY = "host"
 POD_IDENTITY_AGENT_PORT = "80"
 _NAMESPACE_LABEL = "k8s:io.kubernetes.pod.namespace"
 _DNS_PORTS = [{"port": "53", "protocol": "UDP"}, {"port": "53", "protocol": "TCP"}]
@@ -41,7 +44,7 @@ def cilium_default_deny(name: str, namespace: str, *, monitoring_namespace: str,
         {**https, "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]},
     ]
     if region is not None:
-        egress.append({"toCIDR": [POD_IDENTITY_AGENT_CIDR],
+        egress.append({"toEntities": [POD_IDENTITY_AGENT_ENTITY],
                        "toPorts": [{"ports": [{"port": POD_IDENTITY_AGENT_PORT, "protocol": "TCP"}]}]})
     return {
         "apiVersion": CILIUM_API_VERSION,
