@@ -13,6 +13,7 @@ from trainyard.plan.conformance import upstream_dir
 
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 CRDS = upstream_dir() / "crds"
 
@@ -110,9 +111,10 @@ def test_crs_outlive_nothing_but_depend_on_the_release(stack: str) -> None:
     release = one(rec, RELEASE)
     assert release.deleted_with == cluster.urn
     assert release.inputs["values"]["settings"] == {"clusterName": f"trainyard-{stack}",
-                                                    "interruptionQueue": f"trainyard-{stack}-karpenter"}
+                                                    "interruptionQueue": f"trainyard-{stack}-karpenter",
+                                                    "featureGates": {"nodeOverlay": True}}
     assert release.inputs["version"] == "1.14.1"
-    for cr in of_type(rec, NODE_CLASS) + of_type(rec, NODE_POOL):
+    for cr in of_type(rec, NODE_CLASS) + of_type(rec, NODE_POOL) + of_type(rec, NODE_OVERLAY):
         assert cr.deleted_with is None, f"{cr.name} would be skipped on destroy and orphan its instances"
         assert release.urn in cr.depends_on
     for pool in of_type(rec, NODE_POOL):

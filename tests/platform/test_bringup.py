@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from trainyard.cloud.aws import pool_labels, pool_taints
+from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.load import parse_settings
+from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render
@@ -138,3 +140,26 @@ def test_tenant_default_deny_lets_pods_reach_the_pod_identity_agent(stack: str) 
         assert [rule["toPorts"] for rule in rules] == [[{"ports": [{"port": "80", "protocol": "TCP"}]}]]
         assert not [rule for rule in policy["spec"]["egress"]
                     if any(c.startswith("169.254.170.23") for c in rule.get("toCIDR", []))]
+
+
+def test_every_mig_pool_of_every_stack_has_overlays_equal_to_its_layout() -> None:
+    """Karpenter only launches a node for a pod requesting `nvidia.com/mig-*` if a NodeOverlay says the node will
+    offer it (aws/karpenter-provider-aws PR 8710), with the `nodeOverlay` gate on (off in chart 1.14.1)."""
+    catalog = load_mig_catalog()
+    checked = 0
+    for stack in AWS_STACKS:
+        assert _values(stack, "karpenter")["settings"]["featureGates"]["nodeOverlay"] is True
+        overlays = {(o["spec"]["requirements"][0]["values"][0], o["spec"]["requirements"][1]["values"][0]):
+                    o["spec"]["capacity"] for o in (r.inputs for r in _recording(stack).resources
+                                                    if r.type == "kubernetes:karpenter.sh/v1alpha1:NodeOverlay")}
+        expected = {}
+        for pool in _settings(stack).pools("gpu"):
+            for name in pool.instance_types:
+                itype = INSTANCE_TYPES[name]
+                if pool.mig_layout is None or itype.gpu is None or not catalog.slices(pool.mig_layout, itype.gpu):
+                    continue
+                expected[(pool.name, name)] = {f"nvidia.com/mig-{profile}": str(count * itype.gpu_count)
+                                               for profile, count in catalog.slices(pool.mig_layout, itype.gpu).items()}
+        assert overlays == expected, stack
+        checked += len(expected)
+    assert checked >= 3  # staging a100-mig, prod h100-mig and h200-mig

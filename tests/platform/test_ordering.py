@@ -27,7 +27,8 @@ REGISTRY = load_registry(REPO_ROOT)
 # CRD group -> chart of the release that installs it (platform/addons.yaml `crds`).
 CRD_OWNERS = REGISTRY.crd_owners()
 CNI_CHART = next(addon.charts[0] for addon in REGISTRY.addons if addon.cni)
-NODE_CAPACITY_KINDS = frozenset(("kubernetes:karpenter.sh/v1:NodePool", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"))
+NODE_CAPACITY_KINDS = frozenset(("kubernetes:karpenter.sh/v1:NodePool", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass",
+                                 "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"))
 PROMETHEUS_KINDS = frozenset(("ServiceMonitor", "PodMonitor", "PrometheusRule"))
 
 

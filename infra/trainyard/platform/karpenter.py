@@ -23,12 +23,16 @@ import pulumi_kubernetes as k8s
 
 from trainyard import names
 from trainyard.cloud.context import ClusterContext, KarpenterFacts, PoolFacts
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.mig import MigCatalog, load_mig_catalog
 from trainyard.config.model import Settings
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
+from trainyard.platform.objects import custom_resource
 
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
 NODE_POOL_API = "karpenter.sh/v1"
+NODE_OVERLAY_API = "karpenter.sh/v1alpha1"
 ROOT_DEVICE = "/dev/xvda"
 # Cilium removes this taint once its agent runs on the node; until then no pod may start there.
 CILIUM_STARTUP_TAINT = {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}
@@ -95,6 +99,34 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
     }
 
 
+def mig_capacity(pool: PoolFacts, instance_type: str, mig: MigCatalog) -> dict[str, str]:
+    """The MIG resources a node of this pool and type offers once mig-manager applied its layout (`mixed`
+    strategy: one extended resource per profile), or nothing when the pool has no MIG layout."""
+    gpus = INSTANCE_TYPES[instance_type].gpu_count
+    if pool.mig_layout is None or pool.gpu is None or not mig.slices(pool.mig_layout, pool.gpu):
+        return {}
+    return {resource: str(per_gpu * gpus)
+            for resource, per_gpu in sorted(mig.resource_names(pool.mig_layout, pool.gpu).items())}
+
+
+def node_overlay(pool: PoolFacts, instance_type: str, capacity: dict[str, str]) -> dict[str, Any]:
+    """Tells Karpenter's scheduling simulation that this pool's nodes of this type offer `capacity`: without it
+    a pod requesting `nvidia.com/mig-*` matches no instance type and a MIG pool never launches from zero
+    (aws/karpenter-provider-aws PR 8710; NodeOverlay CRD karpenter.sh/v1alpha1 `capacity`)."""
+    return {
+        "apiVersion": NODE_OVERLAY_API,
+        "kind": "NodeOverlay",
+        "metadata": {"name": f"{pool.name}-{instance_type}", "labels": _labels(pool)},
+        "spec": {
+            "requirements": [
+                {"key": "karpenter.sh/nodepool", "operator": "In", "values": [pool.name]},
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [instance_type]},
+            ],
+            "capacity": capacity,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class KarpenterArgs:
     cluster: ClusterContext
@@ -109,6 +141,7 @@ class Karpenter(pulumi.ComponentResource):
     release: k8s.helm.v3.Release
     node_classes: dict[str, k8s.apiextensions.CustomResource]
     node_pools: dict[str, k8s.apiextensions.CustomResource]
+    node_overlays: list[pulumi.Resource]
 
     def __init__(self, name: str, args: KarpenterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainyard:platform:Karpenter", name, None, opts)
@@ -125,6 +158,8 @@ class Karpenter(pulumi.ComponentResource):
             })
         self.node_classes = {}
         self.node_pools = {}
+        self.node_overlays = []
+        mig = load_mig_catalog()
         for pool in cluster.pools_with("gpu"):
             node_class = k8s.apiextensions.CustomResource(
                 f"{name}-{pool.name}-nodeclass", api_version=NODE_CLASS_API, kind="EC2NodeClass",
@@ -135,6 +170,13 @@ class Karpenter(pulumi.ComponentResource):
                 f"{name}-{pool.name}-nodepool", api_version=NODE_POOL_API, kind="NodePool",
                 metadata={"name": pool.name, "labels": _labels(pool)}, spec=node_pool_spec(pool, pool.name),
                 opts=k8s_options(cluster, self, [self.release, node_class], controller_deletes=True))
+            for instance_type in pool.instance_types:
+                capacity = mig_capacity(pool, instance_type, mig)
+                if capacity:
+                    # Capacity, like the NodePool: deleted by the API while Karpenter runs, not with the cluster.
+                    self.node_overlays.append(custom_resource(
+                        f"{name}-{pool.name}-{instance_type}-overlay", node_overlay(pool, instance_type, capacity),
+                        k8s_options(cluster, self, [self.release], controller_deletes=True)))
         self.register_outputs({"nodePools": list(self.node_pools)})
 
 
