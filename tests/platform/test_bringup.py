@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+import yaml
 from trainyard.cloud.aws import pool_labels, pool_taints
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.load import parse_settings
@@ -163,3 +164,17 @@ def test_every_mig_pool_of_every_stack_has_overlays_equal_to_its_layout() -> Non
         assert overlays == expected, stack
         checked += len(expected)
     assert checked >= 3  # staging a100-mig, prod h100-mig and h200-mig
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_volcano_creates_pods_for_jobs_on_empty_pools_and_reclaims_for_reclaimable_queues(stack: str) -> None:
+    """`enqueue` keeps a gang Pending with no pods until the cluster already has its resources, so Karpenter
+    never scales a pool up from zero (volcano-sh/volcano issue 3910); a reclaimable queue needs `reclaim`."""
+    config = yaml.safe_load(_values(stack, "volcano")["custom"]["scheduler_config_override"])
+    actions = [a.strip() for a in config["actions"].split(",")]
+    assert "enqueue" not in actions and actions[0] == "allocate"
+    reclaimable = [r.inputs["spec"].get("reclaimable") for r in _recording(stack).resources
+                   if r.type.startswith("kubernetes:scheduling.volcano.sh/v1beta1:Queue")]
+    assert reclaimable
+    if any(reclaimable):
+        assert "reclaim" in actions
