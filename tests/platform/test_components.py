@@ -140,7 +140,10 @@ def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
                        "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}]
         # Nothing may reach everything: no world/all entities, no open CIDRs.
         assert "world" not in json.dumps(spec) and "0.0.0.0/0" not in json.dumps(spec)
-        assert not any("toEntities" in rule for rule in spec["egress"])
+        # The one entity rule: the node's pod identity agent (Cilium's `host`), on its port only (issue 9 item 8).
+        entities = [rule for rule in spec["egress"] if "toEntities" in rule]
+        assert entities == [{"toEntities": ["host"],
+                             "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]}], namespace
 
 
 # ---------------------------------------------------------------------------------------------- Tenants
