@@ -33,7 +33,8 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 plan: $(VENV)/.installed  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it
 	$(BIN)/python -m trainyard plan --stack $(STACK) --out build/plan/$(STACK) --rehearse
 
-plans: $(VENV)/.installed  ## refresh the reviewed plans in plans/ (commit them with the change)
+plans: $(VENV)/.installed  ## refresh the reviewed plans in plans/ and Pulumi.yaml's add-on list (commit them)
+	$(BIN)/python -m trainyard.platform.registry
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done
 
 deps:  ## the system tools the suite needs (Debian/Ubuntu, as root)

@@ -6,6 +6,7 @@ description of it are derived from it.
 from __future__ import annotations
 
 import importlib
+import textwrap
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,10 +19,13 @@ from pydantic.alias_generators import to_camel
 
 from trainyard.config import Settings
 from trainyard.config.model import AddonSettings
+from trainyard.paths import REPO_ROOT
 from trainyard.platform.addon import Addon, AddonCode, ScrapeTarget
 from trainyard.platform.catalogue import Catalogue, CatalogueError, load_catalogue
 
 ADDONS_FILE = Path("platform") / "addons.yaml"
+PROJECT_FILE = Path("Pulumi.yaml")
+_ADDONS_KEY = "\n  addons:\n"
 COMPONENT_PACKAGE = "trainyard.platform"
 GENERIC_COMPONENT = "chart_addon"
 MONITORING = "monitoring"
@@ -227,7 +231,8 @@ def settings_section(registry: Registry) -> type[AddonSettings]:
 
 
 def addons_description(registry: Registry) -> str:
-    """Pulumi.yaml's description of `addons`, from the registry (tests keep the file equal to it)."""
+    """Pulumi.yaml's description of `addons`, from the registry (`python -m trainyard.platform.registry` writes it;
+    tests/platform/test_registry.py keeps the file equal to it)."""
     parts = []
     for addon in registry.addons:
         if not addon.switch:
@@ -236,3 +241,21 @@ def addons_description(registry: Registry) -> str:
         parts.append(f"{addon.name} ({', '.join(extra)})" if extra else addon.name)
     return ("One section per add-on of platform/addons.yaml, each with `enabled` (default true) and its settings: "
             + ", ".join(parts) + ".")
+
+
+def with_addons_description(project_file: str, description: str) -> str:
+    """Pulumi.yaml's text with the description of `config.addons` replaced; everything else, comments included, kept."""
+    start = project_file.index(_ADDONS_KEY) + len(_ADDONS_KEY)
+    end = start
+    for line in project_file[start:].splitlines(keepends=True):
+        if not line.startswith("    "):
+            break
+        end += len(line)
+    text = textwrap.fill(description, width=118, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return f"{project_file[:start]}    description: >-\n{text}\n{project_file[end:]}"
+
+
+if __name__ == "__main__":
+    project = REPO_ROOT / PROJECT_FILE
+    project.write_text(with_addons_description(project.read_text(encoding="utf-8"),
+                                               addons_description(load_registry(REPO_ROOT))), encoding="utf-8")

@@ -1,0 +1,177 @@
+"""README "Adding an add-on", done for real: a copy of the repository gets an example add-on in exactly the three
+places (catalogue data, a component, the stack switch), with no other file touched, and its plan renders it
+wired like every other add-on: monitoring, ordering, settings and conformance.
+
+The chart is fictional (`example-exporter`), so its upstream values are a fixture here, in the layout
+`tools/upstream.py sync` produces; conformance checks the rendered values against them as it does for real charts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from trainyard.plan.conformance import check_helm_values, upstream_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART, VERSION, KEY = "example-exporter", "1.0.0", "exampleExporter"
+
+# 1. Catalogue data: the pin, base values, the add-on's declaration.
+PIN = f"""  {CHART}:
+    chart: {CHART}
+    repository: https://charts.example.invalid
+    version: {VERSION}
+    namespace: example
+"""
+VALUES = """nodeSelector:
+  trainyard.io/role: system
+serviceMonitor:
+  enabled: true
+"""
+DECLARATION = f"""  {KEY}:
+    charts: [{CHART}]
+    component: example_exporter
+    needs: [volcano]
+    crds: {{{CHART}: [example.invalid]}}
+    serviceMonitors: {{{CHART}: [serviceMonitor.enabled]}}
+"""
+# 2. The component: one release with a value computed from its own settings type.
+COMPONENT = '''"""Example add-on: one chart, one computed value."""
+
+from __future__ import annotations
+
+from trainyard.config.model import AddonSwitch
+from trainyard.platform.addon import AddonCode, AddonContext
+from trainyard.platform.chart_addon import ChartAddon, ChartAddonArgs
+
+
+class ExampleExporterSettings(AddonSwitch):
+    interval: str = "30s"
+
+
+def build(ctx: AddonContext) -> ChartAddon:
+    return ChartAddon(ctx.addon.resource_name, ChartAddonArgs(
+        type_name=ctx.addon.type_name, chart=ctx.chart("example-exporter"), cluster=ctx.cluster,
+        values={"serviceMonitor": {"interval": ctx.settings(ExampleExporterSettings).interval}},
+        depends_on=ctx.monitored))
+
+
+COMPONENT = AddonCode(build=build, settings=ExampleExporterSettings)
+'''
+# Upstream defaults of the fictional chart (the fixture conformance checks against).
+UPSTREAM_VALUES = """nodeSelector: {}
+tolerations: []
+serviceMonitor:
+  enabled: false
+  interval: 60s
+"""
+
+
+def _copy(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    for part in ("Pulumi.yaml", "infra", "platform", "stacks", "workloads/configs"):
+        source, target = ROOT / part, repo / part
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return repo
+
+
+def _add_example(repo: Path) -> None:
+    platform = repo / "platform"
+    (platform / "charts.yaml").write_text((platform / "charts.yaml").read_text() + PIN)
+    (platform / CHART).mkdir()
+    (platform / CHART / "values.yaml").write_text(VALUES)
+    (platform / "addons.yaml").write_text((platform / "addons.yaml").read_text() + DECLARATION)
+    (repo / "infra" / "trainyard" / "platform" / "example_exporter.py").write_text(COMPONENT)
+    # 3. The stack switch: dev sets its interval (on by default), local turns it off.
+    for stack, section in (("dev", {"interval": "15s"}), ("local", {"enabled": False})):
+        path = repo / "stacks" / f"Pulumi.{stack}.yaml"
+        document = yaml.safe_load(path.read_text())
+        document["config"].setdefault("trainyard:addons", {})[KEY] = section
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def _upstream(tmp_path: Path) -> Path:
+    """The real upstream data plus the fixture chart."""
+    upstream = tmp_path / "upstream"
+    (upstream / "charts").mkdir(parents=True)
+    real = upstream_dir(ROOT)
+    for item in ("crds", "mig-parted"):
+        (upstream / item).symlink_to(real / item)
+    for chart in (real / "charts").iterdir():
+        (upstream / "charts" / chart.name).symlink_to(chart)
+    (upstream / "charts" / CHART / VERSION).mkdir(parents=True)
+    (upstream / "charts" / CHART / VERSION / "values.yaml").write_text(UPSTREAM_VALUES)
+    return upstream
+
+
+def _plan(repo: Path, stack: str, out: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{repo / 'infra'}{os.pathsep}{repo / 'workloads'}"}
+    return subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", stack, "--quiet", "--out", str(out)],
+                          capture_output=True, text=True, cwd=repo, env=env, timeout=300)
+
+
+def _upstream_of(resources: dict[str, dict[str, Any]], urn: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [urn]
+    while todo:
+        record = resources.get(todo.pop())
+        for nxt in (*record["depends_on"], *([record["parent"]] if record["parent"] else [])) if record else ():
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp_path = tmp_path_factory.mktemp("addon")
+    repo = _copy(tmp_path)
+    _add_example(repo)
+    return repo, _upstream(tmp_path)
+
+
+def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, upstream = example
+    result = _plan(repo, "dev", tmp_path / "dev")
+    assert result.returncode == 0, result.stderr
+    resources = {r["urn"]: r for r in json.loads((tmp_path / "dev" / "resources.json").read_text())}
+    (component,) = [r for r in resources.values() if r["type"] == "trainyard:platform:ExampleExporter"]
+    assert component["name"] == "example-exporter"
+    releases = {r["inputs"]["chart"]: r for r in resources.values() if r["type"] == "kubernetes:helm.sh/v3:Release"}
+    release = releases[CHART]
+    assert release["parent"] == component["urn"]
+    # Monitoring: the chart's ServiceMonitor is on and waits for the monitoring CRDs; settings reach the values.
+    assert release["inputs"]["values"]["serviceMonitor"] == {"enabled": True, "interval": "15s"}
+    waits = _upstream_of(resources, release["urn"])
+    # Ordering: after the CNI, the add-on it needs (Volcano) and kube-prometheus-stack.
+    for chart in ("cilium", "volcano", "kube-prometheus-stack"):
+        assert releases[chart]["urn"] in waits, chart
+    # Conformance: the rendered values against the chart's upstream defaults.
+    rendered = yaml.safe_load((tmp_path / "dev" / "helm" / f"example.{CHART}.yaml").read_text())
+    assert check_helm_values(rendered, upstream=upstream) == []
+    assert check_helm_values({**rendered, "values": {**rendered["values"], "nodeSelctor": {}}}, upstream=upstream)
+
+
+def test_the_stack_switch_turns_it_off_and_typos_are_refused(example: tuple[Path, Path], tmp_path: Path) -> None:
+    repo, _ = example
+    result = _plan(repo, "local", tmp_path / "local")
+    assert result.returncode == 0, result.stderr
+    assert CHART not in (tmp_path / "local" / "resources.json").read_text()
+    path = repo / "stacks" / "Pulumi.local.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["config"]["trainyard:addons"][KEY] = {"enabled": False, "intervall": "1m"}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = _plan(repo, "local", tmp_path / "typo")
+    assert result.returncode == 2
+    assert f"trainyard:addons.{KEY}.intervall: unknown key" in result.stderr + result.stdout
