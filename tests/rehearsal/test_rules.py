@@ -312,7 +312,8 @@ def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None
     gang = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "queue": "team"}}, (volcano, queue))
     problems = findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, gang)
     assert [f.rule for f in problems] == ["queue-fits", "karpenter-can-launch"]
-    assert "queue team" in problems[0].problem and "limits of NodePool(s) h100 allow (16)" in problems[1].problem
+    assert "queue team may hold: 24 nvidia.com/gpu (capability 16)" in problems[0].problem
+    assert "limits of NodePool(s) h100 allow (16)" in problems[1].problem
     two = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "minAvailable": 2}}, (volcano, queue))
     assert findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, two) == []
 

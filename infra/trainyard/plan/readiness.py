@@ -17,6 +17,7 @@ from typing import Any
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.chart_pods import chart_name, lookup, pod_needs, release_pods
 from trainyard.plan.cluster_model import (
+    GIB,
     PodNeeds,
     Pool,
     Toleration,
@@ -343,10 +344,15 @@ def queue_fits(record: ResourceRecord, moment: Moment) -> str | None:
         return None if queue_name == "default" else f"its queue {queue_name} does not exist"
     capability = lookup(queues[0].inputs, "spec.capability", {}) or {}
     wanted = gang_needs(record)
-    over = sorted(r for r, limit in capability.items() if wanted.get(r, 0.0) > quantity(limit))
+    over = [f"{_amount(r, wanted[r])} {r} (capability {limit})" for r, limit in sorted(capability.items())
+            if wanted.get(r, 0.0) > quantity(limit)]
     if not over:
         return None
-    return f"its gang needs more {', '.join(over)} than queue {queue_name}'s capability allows"
+    return f"its gang (minAvailable pods) needs more than queue {queue_name} may hold: {', '.join(over)}"
+
+
+def _amount(resource: str, value: float) -> str:
+    return f"{value / GIB:.1f}Gi" if resource == "memory" else f"{value:g}"
 
 
 # A queue marked reclaimable gives resources back only through the `reclaim` action (volcano.sh docs, "Actions":
