@@ -38,13 +38,15 @@ def test_check_is_a_gang_of_two_that_runs_once(prod: Recording) -> None:
         assert spec["queue"] and spec["schedulerName"] == "volcano"
 
 
-def test_check_takes_whole_nodes_of_its_pool_with_efa(prod: Recording) -> None:
+def test_check_takes_every_gpu_and_efa_device_of_a_node(prod: Recording) -> None:
     for pool, types in {"h100": ["p5.48xlarge"], "h200": ["p5e.48xlarge", "p5en.48xlarge"]}.items():
         job = _checks(prod)[f"fabric-check-{pool}"]
         template = job["spec"]["tasks"][0]["template"]["spec"]
         limits = _container(job)["resources"]["limits"]
         assert template["nodeSelector"] == {"trainyard.io/pool": pool}
         assert limits["nvidia.com/gpu"] == "8"
+        # A pair of cores and 4 GiB per rank plus /dev/shm, not the node: the gang must fit a training queue.
+        assert (limits["cpu"], limits["memory"]) == ("16", f"{(8 * 4 + 8) * 1024}Mi")
         assert limits["vpc.amazonaws.com/efa"] == str(min(INSTANCE_TYPES[t].efa_interfaces for t in types))
         env = {e["name"]: e["value"] for e in _container(job)["env"]}
         assert env["NCCL_NET"] == "Libfabric" and env["FI_PROVIDER"] == "efa"

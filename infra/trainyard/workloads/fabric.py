@@ -16,6 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.config.mig import WHOLE_GPU_RESOURCE
 from trainyard.names import POOL_LABEL, fabric_check_job
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
@@ -37,6 +38,11 @@ CHECK_LABEL = "trainyard.io/check"
 NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 # NCCL's shared-memory transport and proxy buffers live in /dev/shm; the container default (64 MiB) is too small.
 SHM_SIZE = "8Gi"
+# The check's ranks mostly wait on the network: a pair of cores and 4 GiB (torch and a CUDA context) per GPU, not
+# the node's share a trainer takes, so the gang fits a tenant queue sized for training (the rehearsal's
+# `queue-fits` caught whole-node requests overrunning staging's queue memory).
+MILLICPU_PER_GPU = 2000
+MEMORY_PER_GPU = 4 * sizing.GIB
 # Room for torchrun's per-run logs: the root filesystem is read-only.
 TMP_SIZE = "1Gi"
 
@@ -109,10 +115,21 @@ def _labels(args: FabricCheckArgs) -> dict[str, str]:
                                                CHECK_LABEL: "fabric", POOL_LABEL: args.pool.name})
 
 
+def check_resources(pool: PoolFacts) -> sizing.PodResources:
+    """All of the smallest node's GPUs (NVLink inside, EFA between the nodes) and every EFA device pods get."""
+    gpus = sizing.smallest_instance(pool).gpu_count
+    return sizing.PodResources(
+        accelerators={WHOLE_GPU_RESOURCE: gpus, sizing.EFA_RESOURCE: pool.efa_interfaces},
+        millicpu=gpus * MILLICPU_PER_GPU,
+        # /dev/shm is memory-backed and counts against the limit.
+        memory_bytes=gpus * MEMORY_PER_GPU + sizing.quantity_bytes(SHM_SIZE),
+        processes=gpus,
+    )
+
+
 def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
     pool = args.pool
-    # All of the smallest node's GPUs (NVLink inside, EFA between the two nodes) and all the EFA devices pods get.
-    resources = sizing.whole_gpus(pool, sizing.smallest_instance(pool).gpu_count, efa=True)
+    resources = check_resources(pool)
     cmd, arguments = command(args, resources.processes)
     env = {**EFA_ENV, **NCCL_LOGGING}
     container = {
