@@ -5,7 +5,7 @@ StatefulSet the chart created has its pods ready (helm.sh/docs/helm/helm_install
 matching node is ready with zero pods, so only Deployment/StatefulSet components are listed, plus hook Jobs, which
 Helm runs to completion with or without --wait (helm.sh/docs/topics/charts_hooks). For each chart the
 table names where in the chart's values a component's placement keys live and the chart's own defaults for them
-(read from the chart's values.yaml at the pinned version, the upstream data, `.upstream/charts/<chart>/<version>/`); Helm
+(read from the pinned chart's values.yaml in the upstream data, `.upstream/charts/<chart>/<version>/`); Helm
 merges our maps over those defaults and replaces lists (helm.sh/docs/chart_template_guide/values_files).
 A chart missing from the table is reported, so a new add-on has to say what its pods need.
 """
