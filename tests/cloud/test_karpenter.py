@@ -91,7 +91,7 @@ def test_node_pools_never_consolidate_busy_nodes(stack: str) -> None:
 def test_node_class_content() -> None:
     classes = _crs("prod", NODE_CLASS)
     h100 = classes["h100"].inputs["spec"]
-    assert h100["amiSelectorTerms"] == [{"alias": "al2023@v20261103"}]
+    assert h100["amiSelectorTerms"] == [{"alias": "al2023@v20260714"}]
     assert h100["role"] == "trainyard-prod-karpenter-node"
     assert h100["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "trainyard-prod"}}]
     assert h100["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "trainyard-prod"}}]

@@ -1,6 +1,7 @@
 """Pinned releases per supported Kubernetes version: node AMIs and EKS-managed add-ons.
 
-Bump together, after `aws eks describe-addon-versions --kubernetes-version X` and the EKS AMI release notes agree.
+Every pin must be listed in `release_data/` (dated upstream release data, refreshed by tools/refresh_releases.py)
+or in `release_data/unverified.yaml` with the reason: tests/config/test_release_pins.py checks each one.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class KubernetesRelease:
 KUBERNETES_RELEASES: dict[str, KubernetesRelease] = {
     r.version: r
     for r in (
-        KubernetesRelease("1.33", "20261103", "1.33.6-20261103", coredns="v1.12.4-eksbuild.1",
+        # AMI release v20260714, the newest in awslabs/amazon-eks-ami CHANGELOG.md (release_data/eks-ami.yaml);
+        # add-on versions unverified (release_data/unverified.yaml).
+        KubernetesRelease("1.33", "20260714", "1.33.13-20260714", coredns="v1.12.4-eksbuild.1",
                           ebs_csi_driver="v1.52.1-eksbuild.1", pod_identity_agent="v1.3.10-eksbuild.1",
                           snapshot_controller="v8.3.0-eksbuild.1"),
-        KubernetesRelease("1.34", "20261103", "1.34.2-20261103", coredns="v1.12.4-eksbuild.1",
+        KubernetesRelease("1.34", "20260714", "1.34.9-20260714", coredns="v1.12.4-eksbuild.1",
                           ebs_csi_driver="v1.52.1-eksbuild.1", pod_identity_agent="v1.3.10-eksbuild.1",
                           snapshot_controller="v8.3.0-eksbuild.1"),
     )

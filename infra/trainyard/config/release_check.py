@@ -1,0 +1,105 @@
+"""Every pinned version in the repository, checked against the release data in `release_data/`.
+
+A pin is confirmed when the dated release data (read from its upstream source, see each file's `source`) lists
+it, or else must be listed in `release_data/unverified.yaml` with the reason it could not be confirmed. Pins are
+named `<kind>/<where>=<version>`, e.g. `eks-ami/1.34=1.34.9-20260714` or `chart/cilium=1.20.0`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainyard.config.releases import KUBERNETES_RELEASES, KubernetesRelease
+
+DATA_DIR = Path(__file__).resolve().parent / "release_data"
+_FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.M)
+# Karpenter's AMI alias is `<family>@<version>`, the version `latest` or `v<date>` of an EKS AMI release
+# (karpenter.sh/docs/tasks/managing-amis: `alias: al2023@v20240807` pins one release).
+_ALIAS = re.compile(r"^al2023@v(\d{8})$")
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    name: str  # `<kind>/<where>=<version>`
+    source: str  # the file that sets it
+    confirmed: bool
+
+
+def _load(name: str, data_dir: Path) -> Any:
+    return yaml.safe_load((data_dir / name).read_text())
+
+
+def unverified(data_dir: Path = DATA_DIR) -> dict[str, str]:
+    """Pins accepted without confirmation, with the reason each could not be confirmed."""
+    return {str(e["pin"]): str(e["reason"]) for e in _load("unverified.yaml", data_dir) or []}
+
+
+def release_problems(release: KubernetesRelease) -> list[str]:
+    """A release entry whose parts disagree: the AMI date, the node group release and the Karpenter alias."""
+    problems = []
+    date = release.node_group_release.rpartition("-")[2]
+    if not release.node_group_release.startswith(f"{release.version}."):
+        problems.append(f"{release.version}: node group release {release.node_group_release} is of another minor")
+    if release.ami_release != date:
+        problems.append(f"{release.version}: ami_release {release.ami_release} differs from the node group "
+                        f"release's date {date}")
+    match = _ALIAS.match(release.karpenter_ami_alias)
+    if not match or match.group(1) != date:
+        problems.append(f"{release.version}: Karpenter alias {release.karpenter_ami_alias} is not al2023@v{date}")
+    return problems
+
+
+def kubernetes_pins(releases: Mapping[str, KubernetesRelease], data_dir: Path = DATA_DIR) -> Iterator[Pin]:
+    amis = _load("eks-ami.yaml", data_dir)["releases"]
+    addons = _load("eks-addons.yaml", data_dir)["versions"]
+    where = "infra/trainyard/config/releases.py"
+    for minor, release in releases.items():
+        yield Pin(f"eks-ami/{minor}={release.node_group_release}", where,
+                  release.node_group_release in (amis.get(minor) or []))
+        for addon, version in (("coredns", release.coredns), ("aws-ebs-csi-driver", release.ebs_csi_driver),
+                               ("eks-pod-identity-agent", release.pod_identity_agent),
+                               ("snapshot-controller", release.snapshot_controller)):
+            known = (addons.get(minor) or {}).get(addon) or []
+            yield Pin(f"eks-addon/{minor}/{addon}={version}", where, version in known)
+
+
+def chart_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
+    charts = _load("charts.yaml", data_dir)["charts"]
+    images = _load("images.yaml", data_dir)
+    catalogue = yaml.safe_load((repo_root / "platform" / "charts.yaml").read_text())["releases"]
+    for entry in catalogue.values():
+        chart = str(entry["chart"])
+        known = charts.get(chart) or {}
+        confirmed = str(entry["version"]) in map(str, known.get("versions", [])) \
+            and known.get("repository") == entry["repository"]
+        yield Pin(f"chart/{chart}={entry['version']}", "platform/charts.yaml", confirmed)
+        for path, tag in (entry.get("images") or {}).items():
+            repository = images["chart_image_values"].get(chart, {}).get(path, f"<{chart} {path}>")
+            yield _image_pin(f"{repository}:{tag}", "platform/charts.yaml", images)
+
+
+def _image_pin(reference: str, source: str, images: Mapping[str, Any]) -> Pin:
+    repository, _, tag = reference.rpartition(":")
+    known = (images["images"].get(repository) or {}).get("versions", [])
+    return Pin(f"image/{reference}", source, tag in map(str, known))
+
+
+def image_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
+    """Base images of every Dockerfile; images the project builds itself are not upstream releases."""
+    images = _load("images.yaml", data_dir)
+    project = tuple(images.get("project_images") or ())
+    for dockerfile in sorted(repo_root.glob("workloads/**/Dockerfile")):
+        for reference in _FROM.findall(dockerfile.read_text()):
+            if not reference.startswith(project):
+                yield _image_pin(reference, str(dockerfile.relative_to(repo_root)), images)
+
+
+def all_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> list[Pin]:
+    return [*kubernetes_pins(KUBERNETES_RELEASES, data_dir), *chart_pins(repo_root, data_dir),
+            *image_pins(repo_root, data_dir)]
