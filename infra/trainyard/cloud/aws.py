@@ -61,33 +61,39 @@ def build_aws(settings: Settings) -> ControlPlane:
     tags = base_tags(settings)
     release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
 
+    # The program's AWS provider, made from the validated region, so no resource falls back to the default provider
+    # and its `aws:region` (rules.py refuses a stack where the two differ). Moving resources from the default
+    # provider to this one with the same config replaces nothing: the engine asks DiffConfig (pulumi/pulumi#18509).
+    provider = aws.Provider("aws", region=region)
+    on_aws = pulumi.ResourceOptions(providers=[provider])
     network = Network("network", NetworkArgs(
         name_prefix=name, cluster_name=name, vpc_cidr=settings.network.vpc_cidr, zones=zones,
-        nat_per_zone=settings.network.nat_gateways == "perAz", region=region, tags=tags))
+        nat_per_zone=settings.network.nat_gateways == "perAz", region=region, tags=tags), opts=on_aws)
+    account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
     buckets = Buckets("buckets", BucketsArgs(
-        name_prefix=name, account_id=aws.get_caller_identity_output().account_id, protect=settings.protect,
+        name_prefix=name, account_id=account_id, protect=settings.protect,
         force_destroy=settings.buckets.force_destroy,
-        checkpoint_noncurrent_days=settings.buckets.checkpoint_noncurrent_days, tags=tags))
+        checkpoint_noncurrent_days=settings.buckets.checkpoint_noncurrent_days, tags=tags), opts=on_aws)
     eks = EksCluster("eks", EksClusterArgs(
         cluster_name=name, kubernetes_version=settings.cluster.kubernetes_version, region=region,
         vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids, service_cidr=settings.network.service_cidr,
         public_access_cidrs=tuple(settings.network.public_access_cidrs),
         log_types=tuple(settings.cluster.log_types), admin_principal_arns=tuple(settings.aws.admin_principal_arns),
         deploy_role_arn=settings.deploy.role_arn, runner_cidrs=tuple(settings.deploy.runner_cidrs),
-        protect=settings.protect, tags=tags))
+        protect=settings.protect, tags=tags), opts=on_aws)
     cluster = eks.cluster
 
     # The pod identity agent is a host-network DaemonSet: with no node yet it is healthy at zero pods, and it must
     # be there before Cilium, whose operator gets its EC2 rights through Pod Identity (terraform-aws-eks installs
     # it `before_compute` for the same reason: github.com/terraform-aws-modules/terraform-aws-eks, README "addons").
-    early_addons = EksAddons("eks-early-addons", before_cni_addons(settings, cluster.name))
+    early_addons = EksAddons("eks-early-addons", before_cni_addons(settings, cluster.name), opts=on_aws)
 
     def identity(logical: str, role: str, accounts: tuple[names.ServiceAccountRef, ...],
                  policy: dict[str, object] | None = None, managed: tuple[str, ...] = ()) -> PodIdentityRole:
         return PodIdentityRole(logical, PodIdentityRoleArgs(
             cluster_name=cluster.name, cluster_arn=cluster.arn, role_name=physical(settings, role),
             service_accounts=accounts,
-            policy=policy, managed_policy_arns=managed, tags=tags))
+            policy=policy, managed_policy_arns=managed, tags=tags), opts=on_aws)
 
     datasets, checkpoints = buckets.datasets, buckets.checkpoints
     identities = [
@@ -105,7 +111,7 @@ def build_aws(settings: Settings) -> ControlPlane:
     gpu_pools = settings.pools("gpu")
     karpenter = KarpenterInfra("karpenter", KarpenterInfraArgs(
         cluster_name=name, cluster=cluster, region=region,
-        placement_group_pools=tuple(p.name for p in gpu_pools if p.placement_group), tags=tags))
+        placement_group_pools=tuple(p.name for p in gpu_pools if p.placement_group), tags=tags), opts=on_aws)
 
     gpu_user_data = render_user_data(NodeRole.GPU)
     pools: list[PoolFacts] = []
@@ -143,13 +149,14 @@ def build_aws(settings: Settings) -> ControlPlane:
         checkpoint_bucket=checkpoints.bucket.bucket,
         karpenter=KarpenterFacts(interruption_queue=karpenter.queue_name, node_role=karpenter.node_role_name,
                                  discovery_tag=name, ami_alias=release.karpenter_ami_alias),
+        aws_provider=provider,
         ready=ready,
     )
-    return ControlPlane(context, functools.partial(_join_nodes, settings, context, network, eks))
+    return ControlPlane(context, functools.partial(_join_nodes, settings, context, network, eks, on_aws))
 
 
 def _join_nodes(settings: Settings, context: ClusterContext, network: Network, eks: EksCluster,
-                after: Sequence[pulumi.Resource]) -> ClusterContext:
+                on_aws: pulumi.ResourceOptions, after: Sequence[pulumi.Resource]) -> ClusterContext:
     """The managed node groups, created once the CNI exists (`after`), and a context whose `ready` includes them.
 
     With no CNI a node stays NotReady ("cni plugin not initialized") and a managed node group ends CREATE_FAILED
@@ -161,7 +168,8 @@ def _join_nodes(settings: Settings, context: ClusterContext, network: Network, e
     release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
     cluster = eks.cluster
     node_role = ServiceRole("managed-nodes", ServiceRoleArgs(physical(settings, "managed-node"),
-                                                             "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags))
+                                                             "ec2.amazonaws.com", NODE_MANAGED_POLICIES, tags),
+                            opts=on_aws)
     groups: dict[str, ManagedNodeGroup] = {}
     for pool in settings.node_pools:
         if pool.role == "gpu":
@@ -176,5 +184,6 @@ def _join_nodes(settings: Settings, context: ClusterContext, network: Network, e
             min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
             root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
             labels=pool_labels(pool), taints=pool_taints(pool), tags=tags),
-            opts=pulumi.ResourceOptions(depends_on=[*node_role.attachments, *after]))
+            opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[*node_role.attachments,
+                                                                                         *after])))
     return dataclasses.replace(context, ready=(*context.ready, *(g.node_group for g in groups.values())))

@@ -56,7 +56,8 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         # CoreDNS, EBS CSI and the snapshot controller run in pods: they can only turn healthy after the CNI and
         # once nodes exist (`cluster.ready` holds the node groups).
         eks_addons = EksAddons("eks-addons", after_cni_addons(settings, cluster.name),
-                               opts=pulumi.ResourceOptions(depends_on=[*cni_releases, *cluster.ready]))
+                               opts=pulumi.ResourceOptions(providers=[p for p in (cluster.aws_provider,) if p],
+                                                           depends_on=[*cni_releases, *cluster.ready]))
         snapshot_crds = (eks_addons.addons["snapshot-controller"],)
         ebs = EbsStorageClass("ebs-gp3", EbsStorageClassArgs(
             cluster=cluster, depends_on=[eks_addons.addons["aws-ebs-csi-driver"]]))
