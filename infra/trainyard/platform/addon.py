@@ -108,9 +108,8 @@ class AddonContext:
     after: tuple[pulumi.Resource, ...]
     # kube-prometheus-stack's release when monitoring is on: what ships ServiceMonitors waits for it.
     monitoring: pulumi.Resource | None
-    # Add-ons on in this stack (dependency order) and those built so far, by name.
+    # Add-ons on in this stack, in dependency order.
     enabled: tuple[Addon, ...]
-    installed: Mapping[str, Installed]
     # snapshot.storage.k8s.io CRDs (the EKS snapshot-controller add-on) on AWS.
     snapshot_crds: tuple[pulumi.Resource, ...] = ()
     # The EBS gp3 default StorageClass on AWS (Prometheus' volume: never on Ceph).
@@ -128,9 +127,6 @@ class AddonContext:
         if not isinstance(section, kind):
             raise TypeError(f"addons.{self.addon.name}: settings are {type(section).__name__}, not {kind.__name__}")
         return section
-
-    def is_on(self, name: str) -> bool:
-        return any(addon.name == name for addon in self.enabled)
 
     def chart(self, release: str) -> HelmChart:
         """The catalogue chart with this add-on's ServiceMonitor switches set to whether monitoring is on."""

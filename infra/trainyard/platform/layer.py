@@ -39,7 +39,7 @@ def build_cni(settings: Settings, cluster: ClusterContext, secrets: Secrets) -> 
         return None
     return cni.code.build(AddonContext(addon=cni, stack=settings, cluster=cluster, secrets=secrets,
                                        catalogue=load_catalogue(REPO_ROOT), after=(), monitoring=None,
-                                       enabled=enabled, installed={}))
+                                       enabled=enabled))
 
 
 def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: Installed | None) -> PlatformContext:
@@ -68,7 +68,7 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
             addon=addon, stack=settings, cluster=cluster, secrets=secrets, catalogue=catalogue,
             after=(*cni_releases, *(installed[need].release for need in addon.needs if need in installed)),
             monitoring=monitoring.release if monitoring is not None else None,
-            enabled=enabled, installed=dict(installed), snapshot_crds=snapshot_crds, block_storage=ebs,
+            enabled=enabled, snapshot_crds=snapshot_crds, block_storage=ebs,
             tenants=tenants))
 
     for addon in (a for a in enabled if not a.cni and not a.after_tenants):
