@@ -37,6 +37,8 @@ _AMI_RELEASE = re.compile(r"^# AMI Release v(\d{8})\s*$", re.M)
 _K8S_BLOCK = re.compile(r"<summary><b>Kubernetes (\d+\.\d+)</b></summary>(.*?)</details>", re.S)
 _RELEASE_VERSION = re.compile(r"<td[^>]*>(\d+\.\d+\.\d+-\d{8})</td>")
 _SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
+# A release, not a pre-release (`1.20.0-rc.1`, `1.21.0-pre.0`): pins never take pre-releases.
+_RELEASE = re.compile(r"^v?\d+\.\d+\.\d+$")
 
 
 def parse_eks_ami_changelog(text: str, minors: Iterable[str]) -> dict[str, list[str]]:
@@ -67,15 +69,16 @@ def parse_addon_versions(describe_output: str, kubernetes_version: str) -> dict[
 
 
 def parse_helm_index(index_text: str, chart: str) -> list[str]:
-    """A Helm repository's index.yaml → the chart's published versions, newest first."""
+    """A Helm repository's index.yaml → the chart's published releases, newest first."""
     entries = (yaml.safe_load(index_text) or {}).get("entries", {}).get(chart, [])
-    return sorted({str(e["version"]) for e in entries}, key=_version_key, reverse=True)
+    versions = {str(e["version"]) for e in entries}
+    return sorted((v for v in versions if _RELEASE.match(v)), key=_version_key, reverse=True)
 
 
 def parse_registry_tags(tags_json: str) -> list[str]:
-    """An OCI distribution `/v2/<name>/tags/list` answer → its release tags (semver-like), newest first."""
+    """An OCI distribution `/v2/<name>/tags/list` answer → its release tags, newest first."""
     tags = json.loads(tags_json).get("tags") or []
-    return sorted((t for t in tags if _SEMVER.match(t)), key=_version_key, reverse=True)
+    return sorted((t for t in tags if _RELEASE.match(t)), key=_version_key, reverse=True)
 
 
 def _version_key(version: str) -> tuple[int, ...]:
