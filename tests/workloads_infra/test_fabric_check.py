@@ -35,6 +35,8 @@ def test_check_is_a_gang_of_two_that_runs_once(prod: Recording) -> None:
         assert spec["minAvailable"] == spec["minSuccess"] == spec["tasks"][0]["replicas"] == 2, name
         assert spec["maxRetry"] == 0 and spec["policies"] == [{"event": "PodFailed", "action": "TerminateJob"}]
         assert spec["tasks"][0]["template"]["spec"]["restartPolicy"] == "Never"
+        # A hung check fails instead of holding two GPU nodes.
+        assert 0 < spec["tasks"][0]["template"]["spec"]["activeDeadlineSeconds"] <= 3600
         assert spec["queue"] and spec["schedulerName"] == "volcano"
 
 

@@ -43,6 +43,10 @@ SHM_SIZE = "8Gi"
 # `queue-fits` caught whole-node requests overrunning staging's queue memory).
 MILLICPU_PER_GPU = 2000
 MEMORY_PER_GPU = 4 * sizing.GIB
+# A check that hangs (NCCL stuck on a broken fabric, a peer that never joins) must not hold two GPU nodes forever:
+# the kubelet fails each pod this long after it starts on its node (pod activeDeadlineSeconds), which fails the
+# job. Room for pulling the trainer image onto fresh nodes, the rendezvous, NCCL's setup and the sweep (minutes).
+DEADLINE_SECONDS = 2700
 # Room for torchrun's per-run logs: the root filesystem is read-only.
 TMP_SIZE = "1Gi"
 
@@ -146,6 +150,7 @@ def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
     spec = {
         # A failed check is a result: the pod is not restarted in place (and the job has no retries).
         "restartPolicy": "Never",
+        "activeDeadlineSeconds": DEADLINE_SECONDS,
         "automountServiceAccountToken": False,
         "securityContext": dict(POD_SECURITY),
         "priorityClassName": args.priority_class,
