@@ -178,3 +178,25 @@ def test_volcano_creates_pods_for_jobs_on_empty_pools_and_reclaims_for_reclaimab
     assert reclaimable
     if any(reclaimable):
         assert "reclaim" in actions
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_cache_workers_cost_no_gpu_node(stack: str) -> None:
+    """A cache worker that can only run on a GPU pool makes Karpenter launch a GPU node for it, and WhenEmpty
+    consolidation never reclaims a node running a non-DaemonSet pod (Karpenter docs, Disruption): the workers
+    land only on always-on non-GPU nodes, no more of them than those nodes."""
+    inputs = [r.inputs for r in _recording(stack).resources
+              if r.type.startswith("kubernetes:data.fluid.io/v1alpha1:")]
+    [runtime] = [i for i in inputs if i["kind"] == "AlluxioRuntime"]
+    [dataset] = [i for i in inputs if i["kind"] == "Dataset"
+                 and i["metadata"]["name"] == runtime["metadata"]["name"]
+                 and i["metadata"]["namespace"] == runtime["metadata"]["namespace"]]
+    selector = runtime["spec"]["worker"]["nodeSelector"]
+    placement = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                  dataset["spec"]["nodeAffinity"]["required"]},
+                 "tolerations": dataset["spec"]["tolerations"]}
+    eligible = [name for name, (_, labels, taints) in _pools(stack).items()
+                if all(labels.get(k) == v for k, v in selector.items()) and admits(placement, labels, taints)]
+    pools = {p.name: p for p in _settings(stack).node_pools}
+    assert eligible and all(pools[name].role != "gpu" for name in eligible), eligible
+    assert runtime["spec"]["replicas"] <= sum(pools[name].min_size for name in eligible)

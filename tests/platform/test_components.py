@@ -269,8 +269,9 @@ def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
     (runtime,) = _objects(stack, "AlluxioRuntime")
     levels = runtime["spec"]["tieredstore"]["levels"]
     assert [(lv["mediumtype"], lv["path"], lv["quota"]) for lv in levels] == [
-        ("MEM", "/dev/shm", alluxio["memoryCache"]), ("SSD", "/mnt/trainyard-cache", alluxio["ssdCache"])]
-    assert runtime["spec"]["worker"]["nodeSelector"] == {"trainyard.io/role": "gpu"}
+        ("MEM", "/dev/shm", alluxio["memoryCache"])]
+    # On the storage pool, never on GPU nodes (issue 9 item 9).
+    assert runtime["spec"]["worker"]["nodeSelector"] == {"trainyard.io/role": "storage"}
     datasets = {d["metadata"]["namespace"]: d["spec"] for d in _objects(stack, "Dataset")}
     source = datasets.pop("trainyard-data")
     (mount,) = source["mounts"]

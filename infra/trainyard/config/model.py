@@ -259,8 +259,8 @@ class RookCephSettings(AddonSwitch):
 
 
 class AlluxioSettings(AddonSwitch):
+    # Memory of each cache worker (one per storage node, next to Ceph's OSDs).
     memory_cache: Quantity = "16Gi"
-    ssd_cache: Quantity = "1000Gi"
     dataset_prefix: str = "datasets/"
 
 

@@ -1,4 +1,11 @@
-"""Alluxio through Fluid: an S3 dataset cached in GPU-node memory and NVMe, shared read-only with tenants."""
+"""Alluxio through Fluid: an S3 dataset cached in storage-node memory, shared read-only with tenants.
+
+The cache workers live on the storage pool, never on GPU nodes: GPU pools scale from zero through Karpenter, a
+worker pinned there makes Karpenter launch a GPU node for the cache alone, and `WhenEmpty` consolidation never
+reclaims a node running a non-DaemonSet pod (Karpenter docs, Disruption: "Consolidation"). Storage nodes are
+always there (a managed group) and have the memory; their NVMe belongs to Ceph, so the cache is one memory tier.
+FUSE still runs where the readers are (Fluid places it next to the pods that mount the dataset).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
-from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.model import AlluxioSettings, Settings
 from trainyard.names import DATASET_NAMESPACE, ROLE_LABEL
 from trainyard.platform.addon import AddonCode, AddonContext
@@ -33,8 +39,10 @@ class AlluxioArgs:
     settings: AlluxioSettings
     bucket: pulumi.Input[str]
     region: str
+    # GPU pools (FUSE runs there, next to the readers) and storage pools (the cache workers).
     gpu_pools: tuple[PoolFacts, ...]
-    # Cache workers kept running; each sits on a GPU node (one per node), so more would make Karpenter launch GPUs.
+    storage_pools: tuple[PoolFacts, ...]
+    # One cache worker per storage node that always runs (the storage pools' minimum size).
     workers: int
     # Tenant namespace -> what must exist before a Dataset can go in it.
     tenant_namespaces: Mapping[str, Sequence[pulumi.Resource]]
@@ -56,10 +64,11 @@ def source_dataset(mount_point: pulumi.Input[str], args: AlluxioArgs) -> dict[st
             "mounts": [{"name": "s3", "mountPoint": mount_point, "readOnly": True,
                         "options": {"alluxio.underfs.s3.region": args.region}}],
             "accessModes": ["ReadOnlyMany"],
-            # Cache workers (and FUSE) belong on GPU nodes, where the NVMe cache mount and the readers are.
-            "nodeAffinity": {"required": role_affinity("gpu")["nodeAffinity"]
+            # The cache goes to the storage pool only (never a GPU node, see the module docstring); the
+            # tolerations cover the storage taint for the workers and the GPU taints for FUSE next to readers.
+            "nodeAffinity": {"required": role_affinity("storage")["nodeAffinity"]
                              ["requiredDuringSchedulingIgnoredDuringExecution"]},
-            "tolerations": tolerations_for(args.gpu_pools),
+            "tolerations": tolerations_for((*args.storage_pools, *args.gpu_pools)),
             "placement": "Exclusive",
         },
     }
@@ -75,10 +84,8 @@ def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
             "replicas": args.workers,
             "tieredstore": {"levels": [
                 {"mediumtype": "MEM", "path": "/dev/shm", "quota": cache.memory_cache, "high": _HIGH, "low": _LOW},
-                # The node bootstrap formats the instance-store NVMe and mounts it here.
-                {"mediumtype": "SSD", "path": CACHE_MOUNT, "quota": cache.ssd_cache, "high": _HIGH, "low": _LOW},
             ]},
-            "worker": {"nodeSelector": {ROLE_LABEL: "gpu"}},
+            "worker": {"nodeSelector": {ROLE_LABEL: "storage"}},
         },
     }
 
@@ -126,13 +133,14 @@ def build(ctx: AddonContext) -> Alluxio:
     return Alluxio(ctx.addon.resource_name, AlluxioArgs(
         chart=ctx.chart("fluid"), cluster=cluster, settings=ctx.settings(AlluxioSettings),
         bucket=cluster.dataset_bucket, region=cluster.region, gpu_pools=cluster.pools_with("gpu"),
-        workers=max(1, sum(pool.desired_size for pool in ctx.stack.pools("gpu"))),
+        storage_pools=cluster.pools_with("storage"),
+        workers=max(1, sum(pool.min_size for pool in ctx.stack.pools("storage"))),
         tenant_namespaces={facts.namespace: facts.ready for facts in ctx.tenants.values()},
         depends_on=ctx.after))
 
 
 def _gpu_pools_on_aws(stack: Settings) -> bool:
-    # The cache sits on GPU nodes' NVMe in front of the AWS dataset bucket.
+    # The cache serves GPU jobs from the AWS dataset bucket.
     return stack.is_aws and bool(stack.pools("gpu"))
 
 
