@@ -195,3 +195,16 @@ def test_the_committed_plans_carry_the_marker() -> None:
 def test_region_prints_the_stacks_validated_region(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["region", "--stack", "prod"]) == 0
     assert capsys.readouterr().out == "us-west-2\n"
+
+
+def test_a_plan_written_before_the_marker_is_replaced_but_not_with_a_stranger_in_it(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    write_plan(_recording("a", "b"), out)
+    (out / MARKER).unlink()  # as every plan looked before the marker existed
+    write_plan(_recording("a"), out)
+    assert not (out / "manifests" / "ns.configmap.b.yaml").exists() and (out / MARKER).is_file()
+    (out / MARKER).unlink()
+    (out / "manifests" / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match="not written by `trainyard plan`"):
+        write_plan(_recording("a"), out)
+    assert (out / "manifests" / "notes.txt").read_text() == "mine\n"

@@ -117,6 +117,9 @@ def _previous_plan(out: Path) -> set[str]:
         raise InputError(f"--out {out}: exists and is not a folder; choose a new folder")
     marker = out / MARKER
     if not marker.is_file() or marker.is_symlink():
+        legacy = _unmarked_plan(out)
+        if legacy is not None:
+            return legacy
         if any(out.iterdir()):
             raise InputError(f"--out {out}: a folder with files not written by `trainyard plan` (no {MARKER}); "
                              "nothing was written: choose a new or empty folder")
@@ -128,6 +131,27 @@ def _previous_plan(out: Path) -> set[str]:
         if line and not line.startswith("#") and not rel.is_absolute() and ".." not in rel.parts:
             listed.add(line)
     return listed
+
+
+_TOP_LEVEL_FILES = frozenset({"resources.json", "outputs.json", "graph.mmd", "graph.dot"})
+
+
+def _unmarked_plan(out: Path) -> set[str] | None:
+    """A plan written before MARKER existed: its files, when the folder holds plan files and nothing else."""
+    files: set[str] = set()
+    for path in out.rglob("*"):
+        rel = path.relative_to(out)
+        if path.is_symlink():
+            return None
+        if path.is_dir():
+            if str(rel) not in ("manifests", "helm"):
+                return None
+        elif str(rel) in _TOP_LEVEL_FILES or (len(rel.parts) == 2 and rel.parts[0] in ("manifests", "helm")
+                                               and rel.suffix == ".yaml"):
+            files.add(rel.as_posix())
+        else:
+            return None
+    return files if "resources.json" in files else None
 
 
 _MARKER_HEADER = ("# Written by `python -m trainyard plan --out`: the files below are the plan's own and are\n"
