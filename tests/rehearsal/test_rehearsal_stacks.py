@@ -248,3 +248,12 @@ def test_item_8_pod_identity_allowed_by_cidr_only_is_named() -> None:
     old = edit(fresh("prod"), of_type("cilium.io/v2:CiliumNetworkPolicy"), by_cidr)
     found = named(rehearse(old).findings, "pod-identity-reachable", of_type("CiliumNetworkPolicy"), old)
     assert {lookup(old.by_urn()[f.urn].inputs, "metadata.namespace") for f in found} >= {"research", "foundation"}
+
+
+def test_item_1_coredns_before_any_node_is_named() -> None:
+    def is_coredns(record: ResourceRecord) -> bool:
+        return record.type == "aws:eks/addon:Addon" and record.inputs.get("addonName") == "coredns"
+
+    old = cut(fresh("prod"), is_coredns, of_type("eks/nodeGroup:NodeGroup"))
+    found = named(rehearse(old).findings, "addon-needs-nodes", is_coredns, old)
+    assert found and "no Ready node" in found[0].problem
