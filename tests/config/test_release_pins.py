@@ -76,6 +76,17 @@ def test_mismatched_alias_and_release_are_caught() -> None:
     assert release_problems(dataclasses.replace(good, node_group_release="1.33.13-20260714"))
 
 
+def test_a_job_image_from_elsewhere_is_checked(tmp_path: Path) -> None:
+    shutil.copytree(REPO_ROOT / "platform", tmp_path / "platform")
+    (tmp_path / "stacks").mkdir()
+    stack = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    stack["config"]["trainyard:workloads"][0]["image"] = "nvcr.io/nvidia/pytorch:26.07-py3"
+    (tmp_path / "stacks" / "Pulumi.dev.yaml").write_text(yaml.safe_dump(stack))
+    pins = {p.name: p for p in all_pins(tmp_path)}
+    assert pins["image/nvcr.io/nvidia/pytorch:26.07-py3"].confirmed is False
+    assert not [n for n in pins if n.startswith("image/ghcr.io/trainyard/")], "the project's own image is exempt"
+
+
 def test_a_chart_or_image_not_in_the_data_is_caught(tmp_path: Path) -> None:
     data = tmp_path / "release_data"
     shutil.copytree(DATA_DIR, data)

@@ -91,13 +91,18 @@ def _image_pin(reference: str, source: str, images: Mapping[str, Any]) -> Pin:
 
 
 def image_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
-    """Base images of every Dockerfile; images the project builds itself are not upstream releases."""
+    """Base images of every Dockerfile and the stacks' job images; the project's own images are not upstream."""
     images = _load("images.yaml", data_dir)
-    project = tuple(images.get("project_images") or ())
+    project = tuple(f"{name}:" for name in images.get("project_images") or ())
+    found: list[tuple[str, str]] = []
     for dockerfile in sorted(repo_root.glob("workloads/**/Dockerfile")):
-        for reference in _FROM.findall(dockerfile.read_text()):
-            if not reference.startswith(project):
-                yield _image_pin(reference, str(dockerfile.relative_to(repo_root)), images)
+        found += [(ref, str(dockerfile.relative_to(repo_root))) for ref in _FROM.findall(dockerfile.read_text())]
+    for stack in sorted((repo_root / "stacks").glob("Pulumi.*.yaml")):
+        jobs = ((yaml.safe_load(stack.read_text()) or {}).get("config") or {}).get("trainyard:workloads") or []
+        found += [(str(job["image"]), str(stack.relative_to(repo_root))) for job in jobs if "image" in job]
+    for reference, source in found:
+        if not reference.startswith(project):
+            yield _image_pin(reference, source, images)
 
 
 def all_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> list[Pin]:
