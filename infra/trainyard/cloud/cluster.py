@@ -129,7 +129,8 @@ class EksCluster(pulumi.ComponentResource):
         for rule_name, (kind, group, peer) in rules.items():
             kind(f"{name}-{rule_name}", security_group_id=group, referenced_security_group_id=peer,
                  ip_protocol="-1", description=rule_name, opts=child)
-        # The private endpoint's ENIs carry the cluster security group (EKS cluster-endpoint docs).
+        # The private endpoint's ENIs carry the cluster security group, so a client outside it needs 443 there
+        # (docs.aws.amazon.com/eks/latest/userguide/sec-group-reqs.html; terraform-aws-eks PR 1274 does the same).
         for i, cidr in enumerate(args.runner_cidrs):
             aws.vpc.SecurityGroupIngressRule(f"{name}-api-from-runner-{i}", security_group_id=cluster_sg,
                                              cidr_ipv4=cidr, ip_protocol="tcp", from_port=443, to_port=443,
