@@ -177,6 +177,7 @@ class NetworkSettings(Model):
     # One NAT gateway is cheap; one per AZ keeps egress up when an AZ fails.
     nat_gateways: Literal["single", "perAz"] = "single"
     # Who may reach the public API endpoint (deploy.apiAccess public); empty means private endpoint only.
+    # 40: our bound, far above any real allow-list (each entry is a rule a reviewer must read).
     public_access_cidrs: list[Cidr] = Field(default_factory=list, max_length=40)
     # 0.0.0.0/0 in publicAccessCidrs is refused unless this says so (and always in prod).
     allow_any_public_access: bool = False
@@ -190,12 +191,12 @@ class DeploySettings(Model):
     # public: the runner's egress addresses are network.publicAccessCidrs. private: the runner sits in (or is
     # routed to) the VPC and reaches the private endpoint from runnerCidrs; the public endpoint is off.
     api_access: Literal["public", "private"] = "public"
-    runner_cidrs: list[Cidr] = Field(default_factory=list)
+    runner_cidrs: list[Cidr] = Field(default_factory=list, max_length=40)
 
 
 class ClusterSettings(Model):
     kubernetes_version: Annotated[Literal["1.33", "1.34"], BeforeValidator(_version_as_text)] = "1.34"
-    log_types: list[LogType] = Field(default_factory=lambda: list(_DEFAULT_LOG_TYPES))
+    log_types: list[LogType] = Field(default_factory=lambda: list(_DEFAULT_LOG_TYPES), max_length=5)
 
 
 class Taint(Model):

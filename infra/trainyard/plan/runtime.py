@@ -23,7 +23,9 @@ from trainyard.plan.recording import SECRET, Recording, RecordingMonitor
 
 PROJECT = "trainyard"
 DEFAULT_REGION = "us-east-1"
-# Pulumi stack names: letters, digits, `-`, `_`, `.` (no path separators).
+# Pulumi stack names: 1-100 letters, digits, `-`, `_` and `.` (the CLI's "stack names are limited to 100 characters
+# and may only contain alphanumeric, hyphens, underscores, or periods"; pulumi/pulumi#1381). Starting with a letter or
+# digit as well, so a name never reads as an option or a hidden file, and never holds a path separator.
 _STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
