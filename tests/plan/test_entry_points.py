@@ -208,3 +208,11 @@ def test_a_plan_written_before_the_marker_is_replaced_but_not_with_a_stranger_in
     with pytest.raises(ValueError, match="not written by `trainyard plan`"):
         write_plan(_recording("a"), out)
     assert (out / "manifests" / "notes.txt").read_text() == "mine\n"
+
+
+def test_graph_replaces_a_graph_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "local.mmd"
+    for _ in range(2):
+        assert main(["plan", "--stack", "local", "--quiet", "--graph", str(target)]) == 0
+    assert target.read_text().startswith("flowchart LR")
+    assert "error" not in capsys.readouterr().err
