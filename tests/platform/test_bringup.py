@@ -200,3 +200,11 @@ def test_cache_workers_cost_no_gpu_node(stack: str) -> None:
     pools = {p.name: p for p in _settings(stack).node_pools}
     assert eligible and all(pools[name].role != "gpu" for name in eligible), eligible
     assert runtime["spec"]["replicas"] <= sum(pools[name].min_size for name in eligible)
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_mig_manager_may_reboot_cloud_gpu_nodes(stack: str) -> None:
+    """On cloud VMs a MIG mode change may need a reboot (no exposed GPU reset): NVIDIA's GPU Operator MIG docs
+    ask for the mig-manager's WITH_REBOOT=true there."""
+    env = _values(stack, "gpu-operator")["migManager"].get("env", [])
+    assert {"name": "WITH_REBOOT", "value": "true"} in env
