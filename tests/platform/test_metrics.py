@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from trainyard.config import Settings
+from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
+from trainyard.platform.catalogue import deep_merge
 from trainyard.platform.registry import MONITORING, load_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +128,22 @@ def test_declared_scrape_targets_get_a_service_monitor(stack: str, monitoring: b
     expected = {target.name: (dict(target.selector), [target.namespace], target.port)
                 for addon in enabled for target in addon.scrape} if monitoring else {}
     assert found == expected
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scraped_services_are_rendered_by_their_charts(stack: str) -> None:
+    """A scrape target's `when` switches are on in the values Helm renders with (the chart's defaults at the pinned
+    version under ours): else the chart renders no Service, and the ServiceMonitor selects nothing."""
+    releases = _releases(_recording(stack, True))
+    off = []
+    for addon in REGISTRY.enabled(_settings(stack, True)):
+        release = release_of(releases[addon.charts[0]])
+        chart = release["chart"].rsplit("/", 1)[-1]
+        defaults = upstream_dir(REPO_ROOT) / "charts" / chart / release["version"] / "values.yaml"
+        values = deep_merge(yaml.safe_load(defaults.read_text()), release["values"])
+        off += [f"{addon.charts[0]}: {path} (for {target.name})"
+                for target in addon.scrape for path in target.when if not _get(values, path)]
+    assert off == []
 
 
 @pytest.mark.parametrize("stack", STACKS)

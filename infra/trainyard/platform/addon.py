@@ -44,6 +44,8 @@ class ScrapeTarget:
     selector: Mapping[str, str]
     port: str
     honor_labels: bool = False
+    # Values paths of the add-on's first chart that must be on for the Service to exist and serve metrics.
+    when: tuple[str, ...] = ()
 
 
 def _always(_: Settings) -> bool:

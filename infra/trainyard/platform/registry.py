@@ -32,7 +32,7 @@ MONITORING = "monitoring"
 
 _KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "needs", "cni", "serviceMonitors", "scrape",
                    "afterTenants", "switch"))
-_SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels"))
+_SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels", "when"))
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,14 @@ def _chart_map(at: str, key: str, value: object, charts: tuple[str, ...]) -> dic
 def _scrape(at: str, target: object, namespace: str) -> ScrapeTarget:
     if not isinstance(target, dict) or not {"name", "selector", "port"} <= set(target) \
             or not set(target) <= _SCRAPE_KEYS:
-        raise CatalogueError(f"{at}: expected name, selector, port and optionally honorLabels")
+        raise CatalogueError(f"{at}: expected name, selector, port and optionally honorLabels, when")
     selector = target["selector"]
     if not isinstance(selector, dict) or not selector:
         raise CatalogueError(f"{at}.selector: expected the Service's labels")
     return ScrapeTarget(name=str(target["name"]), namespace=namespace,
                         selector=MappingProxyType({str(k): str(v) for k, v in selector.items()}),
-                        port=str(target["port"]), honor_labels=bool(target.get("honorLabels", False)))
+                        port=str(target["port"]), honor_labels=bool(target.get("honorLabels", False)),
+                        when=_names(at, "when", target.get("when", [])))
 
 
 def _code(at: str, module: object, charts: tuple[str, ...]) -> AddonCode:
