@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import trainer_launch  # noqa: F401  (puts workloads/ on sys.path)
-from trainyard_train.config import ConfigError, load_config, parse_config
+import trainer_launch
+from trainyard_train.config import CONFIG_ERROR_EXIT_CODE, ConfigError, load_config, parse_config
 from trainyard_train.loop import accumulation_steps, changed_keys
 
 CONFIGS = Path(trainer_launch.WORKLOADS) / "configs"
@@ -61,3 +63,42 @@ def test_accumulation_keeps_global_batch_across_world_sizes() -> None:
 
 def test_changed_keys_lists_dotted_paths() -> None:
     assert changed_keys({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 1, "c": 5}, "d": 4}) == ["a.c", "d"]
+
+
+def _trainer(tmp_path: Path, *args: str, module: str = "trainyard_train") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=trainer_launch.subprocess_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train.stpes=5"], "train.stpes: unknown key"),
+        (["train.steps=ten"], "train.steps: expected an integer, got 'ten'"),
+        (["optim.lr=-0.1"], "optim.lr: must be > 0"),
+        (["--config", "missing.yaml"], "--config: cannot read missing.yaml: No such file or directory"),
+        (["run_dir=blocker/run"], "run_dir: blocker/run is not writable"),
+    ],
+)
+@pytest.mark.parametrize("module", ["trainyard_train", "trainyard_train.preflight"])
+def test_bad_input_is_one_line_and_a_final_exit_code(
+    tmp_path: Path, args: list[str], message: str, module: str
+) -> None:
+    (tmp_path / "blocker").write_text("a file where run_dir needs a directory")
+    argv = args if module == "trainyard_train" else ["--nnodes=1", "-m", "trainyard_train", *args]
+    done = _trainer(tmp_path, *argv, module=module)
+    assert done.returncode == CONFIG_ERROR_EXIT_CODE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"trainyard_train: config error: {message}"), done.stderr
+
+
+def test_preflight_passes_a_valid_line(tmp_path: Path) -> None:
+    argv = ["--nnodes=1:2", "-m", "trainyard_train", "--config", str(CONFIGS / "tiny.yaml"), f"run_dir={tmp_path}"]
+    assert _trainer(tmp_path, *argv, module="trainyard_train.preflight").returncode == 0

@@ -9,11 +9,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from trainer_launch import TINY, launch, run, steps
+from trainer_launch import TINY, Launch, launch, run, steps
 from trainyard_train.checkpoint import COMMIT, read_commit, step_dir
 from trainyard_train.config import load_config
 from trainyard_train.model import DecoderLM
-from trainyard_train.signals import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 CFG = load_config(TINY)
@@ -83,27 +82,56 @@ def test_worker_sigkill_restarts_and_resumes_from_checkpoint(tmp_path: Path, cle
     assert_positions_consistent(events)
 
 
-def test_sigterm_saves_then_next_run_resumes_there(tmp_path: Path, cleanup_launches: list) -> None:
-    run_dir = tmp_path / "run"
-    launched = launch(run_dir, ["train.steps=400", "checkpoint.interval_steps=1000"])
-    cleanup_launches.append(launched)
-    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 30 for e in ev))
-    os.kill(launched.worker_pids()[0], signal.SIGTERM)
-    assert launched.wait() != 0, launched.output()  # an interrupted run must not look finished
-    assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in launched.output(), launched.output()
-
+def assert_stopped_once_without_restart(launched: Launch, run_dir: Path, signal_names: set[str]) -> int:
+    """One start, one stop, a committed checkpoint at the stop step; torchrun told to stop, not to restart."""
+    rc = launched.wait()
+    assert rc != 0, launched.output()  # an interrupted run must not look finished
     events = launched.events()
+    assert [e["event"] for e in events].count("start") == 1, launched.output()
     stopped = events[-1]
-    assert stopped["event"] == "stopped" and stopped["signal"] == "SIGTERM", launched.output()
+    assert stopped["event"] == "stopped" and stopped["signal"] in signal_names, launched.output()
     stop_step = stopped["step"]
-    assert 30 <= stop_step < 400
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [stop_step]
     assert (step_dir(run_dir / "checkpoints", stop_step) / COMMIT).exists()
     assert read_commit(step_dir(run_dir / "checkpoints", stop_step))["world_size"] == 2
+    assert "got signal: 15" in launched.output()  # the agent shut down (SignalException), no restart
+    return int(stop_step)
+
+
+def test_sigterm_to_a_worker_saves_once_and_is_not_restarted(tmp_path: Path, cleanup_launches: list) -> None:
+    run_dir = tmp_path / "run"
+    launched = launch(run_dir, ["train.steps=400", "checkpoint.interval_steps=1000"], max_restarts=3)
+    cleanup_launches.append(launched)
+    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 30 for e in ev))
+    os.kill(launched.worker_pids()[1], signal.SIGTERM)
+    # Rank 0 writes the event: it names the signal if it got it, else that it stopped with a peer.
+    stop_step = assert_stopped_once_without_restart(launched, run_dir, {"SIGTERM", "peer-signal"})
+    assert 30 <= stop_step < 400
+    assert "stopping_torchrun_agent" in launched.output()
 
     resumed = run(run_dir, [f"train.steps={stop_step + 10}", "checkpoint.interval_steps=1000"]).events()
     start = [e for e in resumed if e["event"] == "start"][-1]
     assert start["step"] == stop_step and start["samples"] == stop_step * GLOBAL_BATCH
     assert resumed[-1]["event"] == "done" and resumed[-1]["step"] == stop_step + 10
+
+
+def test_sigterm_to_torchrun_saves_once_and_is_not_restarted(tmp_path: Path, cleanup_launches: list) -> None:
+    run_dir = tmp_path / "run"
+    launched = launch(run_dir, ["train.steps=400", "checkpoint.interval_steps=1000"], max_restarts=3)
+    cleanup_launches.append(launched)
+    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 30 for e in ev))
+    os.kill(launched.proc.pid, signal.SIGTERM)  # the agent forwards it to every worker
+    assert 30 <= assert_stopped_once_without_restart(launched, run_dir, {"SIGTERM"}) < 400
+
+
+def test_config_error_in_workers_is_not_retried_by_torchrun(tmp_path: Path, cleanup_launches: list) -> None:
+    """A config error only the workers can see (here: the global batch does not split over 3 ranks) stops
+    the agent instead of being retried --max-restarts times."""
+    launched = launch(tmp_path / "run", ["train.global_batch_size=16"], nproc=3, max_restarts=3)
+    cleanup_launches.append(launched)
+    assert launched.wait() != 0
+    errors = [line for line in launched.output().splitlines() if "config error: train.global_batch_size" in line]
+    assert len(errors) == 3, launched.output()  # one attempt: each of the 3 workers said it once
 
 
 @pytest.mark.parametrize("damage", ["commit_missing", "file_truncated", "metadata_corrupt", "distcp_bytes_flipped"])

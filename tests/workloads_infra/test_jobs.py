@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +21,13 @@ from jobs_render import (
 )
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.workloads.launch import ELASTIC_WRAPPER, RDZV_PORT
+from trainyard.workloads.launch import (
+    CONFIG_ERROR_EXIT_CODE,
+    ELASTIC_WRAPPER,
+    RDZV_LAST_CALL_TIMEOUT,
+    RDZV_PORT,
+    SINGLE_NODE_WRAPPER,
+)
 
 GIB = 1024**3
 
@@ -77,10 +87,43 @@ def test_elastic_without_autoscaling_keeps_its_minimum_size(prod: Recording) -> 
 
 def test_elastic_restart_policies_leave_evictions_to_torchrun(prod: Recording) -> None:
     spec = _job(prod, "pretrain-h100").inputs["spec"]
-    by_event = {p["event"]: p["action"] for p in spec["policies"]}
-    assert by_event == {"PodFailed": "RestartJob"}
-    assert _pod(_job(prod, "pretrain-h100"))["spec"]["restartPolicy"] == "OnFailure"
+    # In order: the config-error exit code ends the job before the PodFailed policy could restart it.
+    assert spec["policies"] == [
+        {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"},
+        {"event": "PodFailed", "action": "RestartJob"},
+    ]
+    # Never: a non-zero exit fails the pod, the only time Volcano reads its exit code (no in-place restart).
+    assert _pod(_job(prod, "pretrain-h100"))["spec"]["restartPolicy"] == "Never"
     assert spec["minSuccess"] == spec["minAvailable"]
+
+
+@pytest.mark.parametrize("job", ["pretrain-h100", "eval-mig", "smoke"])
+def test_launch_line_exits_with_the_final_code_on_a_config_error_before_torchrun(
+    prod: Recording, tmp_path: Path, job: str
+) -> None:
+    """Run the rendered command itself: the config it names is not here, so preflight must fail it with one
+    line and the config-error code, and torchrun must never start (a stub torchrun records any call)."""
+    container = _container(_job(prod, job))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(f"#!/bin/sh\ntouch {tmp_path}/torchrun-started\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VC_TASK_INDEX": "0",
+           "PYTHONPATH": str(REPO_ROOT / "workloads")}
+    done = subprocess.run([*container["command"], *container["args"]], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == CONFIG_ERROR_EXIT_CODE, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"trainyard_train: config error: --config: cannot read /etc/trainyard/{_config_name(container)}: "
+        "No such file or directory"
+    ]
+    assert not (tmp_path / "torchrun-started").exists()
+
+
+def _config_name(container: dict[str, Any]) -> str:
+    args = container["args"]
+    return str(args[args.index("--config") + 1]).rsplit("/", 1)[1]
 
 
 def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> None:
@@ -89,6 +132,8 @@ def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> No
     # The wrapper only adds is_host for worker 0 and execs torchrun with the container args.
     script = shlex.split(container["command"][2].split("exec ", 1)[1])
     assert script[0] == "torchrun" and script[-1] == "$@"
+    # Once MIN nodes joined, wait seconds (not c10d's default 30) for more before starting.
+    assert f"last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" in script[1] and RDZV_LAST_CALL_TIMEOUT <= 10
     args = container["args"]
     assert "--nnodes=2:8" in args
     assert "--nproc-per-node=8" in args
@@ -242,7 +287,7 @@ def test_mig_job_requests_one_slice_on_the_mig_pool(prod: Recording) -> None:
 def test_smoke_job_is_a_short_single_node_run_that_fails_visibly(prod: Recording) -> None:
     record = _job(prod, "smoke")
     container = _container(record)
-    assert container["command"] == ["torchrun"]
+    assert container["command"] == ["sh", "-c", SINGLE_NODE_WRAPPER, "torchrun"]
     assert container["args"][:4] == ["--standalone", "--nnodes=1", "--nproc-per-node=1", "--max-restarts=0"]
     assert any(a.startswith("train.steps=") for a in container["args"])
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ import yaml
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
+
+
+# Exit code of a config error: final. Retrying cannot fix it, so the launch line checks the config before
+# torchrun starts (preflight.py) and the Volcano job terminates on this code (infra/trainyard/workloads/volcano.py).
+# 2, as for a command-line usage error (argparse exits 2 too, and it is just as final).
+CONFIG_ERROR_EXIT_CODE = 2
 
 
 def _require(ok: bool, key: str, why: str) -> None:
@@ -299,6 +306,23 @@ def parse_config(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> Confi
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
     raw: Any = {}
     if path is not None:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config: {path} is not valid YAML: {exc}") from exc
         _require(isinstance(raw, dict), str(path), "top level must be a mapping")
     return parse_config(raw, overrides)
+
+
+def check_run_dir(cfg: Config) -> None:
+    """run_dir must be creatable and writable (checkpoints, progress); fail naming the key, not a path error."""
+    path = cfg.run_dir_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"run_dir: {path} is not writable ({exc.strerror or exc})") from exc

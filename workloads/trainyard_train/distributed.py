@@ -25,6 +25,8 @@ class DistEnv:
     max_restarts: int
     run_id: str
     under_torchrun: bool
+    elastic_agent: bool
+    """Started by torchrun's elastic agent, which is then the parent process."""
     shared_agent_store: bool
     """torchrun's store outlives worker restarts; stale keys in it can break the restarted group."""
 
@@ -45,6 +47,7 @@ class DistEnv:
             max_restarts=num("TORCHELASTIC_MAX_RESTARTS", 0),
             run_id=env.get("TORCHELASTIC_RUN_ID", "standalone"),
             under_torchrun="TORCHELASTIC_RUN_ID" in env or "MASTER_ADDR" in env,
+            elastic_agent="TORCHELASTIC_RUN_ID" in env,
             shared_agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         )
 

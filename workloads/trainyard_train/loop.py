@@ -41,7 +41,7 @@ from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
 from .model import DecoderLM
 from .progress import ProgressLog
-from .signals import PREEMPTED_EXIT_CODE, StopRequest
+from .signals import PREEMPTED_EXIT_CODE, StopRequest, stop_elastic_agent
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -322,6 +322,8 @@ class Trainer:
         self.checkpointer.close()
         self.stop.cancel()
         if stopped:
+            if self.stop.signalled_here:
+                stop_elastic_agent(env)  # the checkpoint is committed: now keep torchrun from restarting us
             log.warning(kv("stopped", step=self.step, signal=self.stop.signal_name))
             self.progress.write("stopped", step=self.step, signal=self.stop.signal_name)
             return PREEMPTED_EXIT_CODE

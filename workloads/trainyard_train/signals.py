@@ -3,6 +3,15 @@
 The handler only sets a flag; the loop finishes the current step, agrees with the other ranks to stop,
 saves and exits. A watchdog enforces the grace period: if the save hangs (a dead peer, a stuck
 filesystem) the process exits anyway, leaving at worst a torn checkpoint that resume ignores.
+
+A stop must not be undone by torchrun: its agent restarts the workers after any worker failure while
+restarts remain (``_invoke_run`` in torch/distributed/elastic/agent/server/api.py), whatever the exit
+code. So once the checkpoint is committed, a worker that received the signal itself sends SIGTERM to its
+agent (its parent process): the agent raises SignalException, terminates its workers and exits instead
+of restarting them. A signal thus stops the node it was delivered on, as a spot reclaim does; ranks on
+other nodes, which stopped only to save together, exit 143 and their agents carry on with the nodes left.
+When the agent got SIGTERM first (``kill <torchrun>``, pod deletion) it is already shutting down and
+forwarded the signal to its workers; their SIGTERM back only restarts its wait for them.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import threading
 import time
 from types import FrameType
 
+from .distributed import DistEnv
 from .logs import LOGGER_NAME, kv
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -34,6 +44,11 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+    @property
+    def signalled_here(self) -> bool:
+        """This process got the signal (rather than agreeing to stop with a peer that did)."""
+        return self.signal_name in {sig.name for sig in STOP_SIGNALS}
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -63,3 +78,10 @@ class StopRequest:
     def cancel(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+
+def stop_elastic_agent(env: DistEnv) -> None:
+    """Ask this node's torchrun agent to shut down rather than restart the workers (see module docstring)."""
+    if env.elastic_agent:
+        log.warning(kv("stopping_torchrun_agent", pid=os.getppid(), reason="final stop, not a crash"))
+        os.kill(os.getppid(), signal.SIGTERM)

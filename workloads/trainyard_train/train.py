@@ -6,34 +6,41 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from .config import load_config
+from .config import ConfigError, check_run_dir, load_config
 from .distributed import DistEnv, destroy_distributed, init_distributed
 from .logs import kv, setup_logging
 from .loop import Trainer
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="trainyard_train", description="Elastic DDP trainer")
-    parser.add_argument("--config", help="YAML config file (defaults apply to keys it omits)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return parser.parse_args(argv)
+from .preflight import parse_args, report
+from .signals import stop_elastic_agent
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = load_config(args.config, args.overrides)  # fail on a bad key before joining the rendezvous
     env = DistEnv.from_env()
+    try:
+        # Fail on a bad key before joining the rendezvous; under a job, preflight.py already checked this.
+        cfg = load_config(args.config, args.overrides)
+        check_run_dir(cfg)
+    except ConfigError as exc:
+        if env.local_rank == 0:  # every rank fails alike; one request per agent is enough
+            stop_elastic_agent(env)  # retrying cannot fix it: ask torchrun to stop instead of restarting us
+        return report(exc)
     log = setup_logging(env.rank, env.world_size)
     if env.shared_agent_store and env.is_main:
         log.warning(kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun"))
     runtime = init_distributed(env, cfg.comm.timeout_s)
     try:
-        code = Trainer(cfg, runtime).run()
+        try:
+            trainer = Trainer(cfg, runtime)
+        except ConfigError as exc:  # found once the data and the world size are known
+            if env.local_rank == 0:
+                stop_elastic_agent(env)
+            return report(exc)
+        code = trainer.run()
         # Leave together: a rank tearing down gloo while its peer still finishes the last commit
         # intermittently aborted ("terminate called without an active exception") on CPU.
         dist.barrier(group=runtime.cpu_group)

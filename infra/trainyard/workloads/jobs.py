@@ -104,7 +104,7 @@ class ElasticTrainingJob(_TrainingJob):
         resources = (sizing.whole_gpus(args.pool, job.gpus_per_node, efa=multi_node) if args.pool
                      else sizing.cpu_only())
         command, arguments = launch.elastic(job, args.namespace, resources.processes)
-        return PodShape(command=command, args=arguments, resources=resources, restart_policy="OnFailure",
+        return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never",
                         same_zone=multi_node)
 
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -112,7 +112,8 @@ class ElasticTrainingJob(_TrainingJob):
         return volcano.job_manifest(
             args, template, min_available=job.min_nodes,
             replicas=job.max_nodes if job.autoscaling.enabled else job.min_nodes,
-            max_retry=volcano.ELASTIC_MAX_RETRY, policies=[volcano.RESTART_ON_FAILED_POD],
+            max_retry=volcano.ELASTIC_MAX_RETRY,
+            policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_ON_FAILED_POD],
         )
 
 
@@ -126,12 +127,12 @@ class MigTrainingJob(_TrainingJob):
             raise ValueError(f"MIG job {args.job.name!r} needs a nodePool and a migProfile")
         resources = sizing.mig_slice(args.pool, args.job.mig_profile)
         command, arguments = launch.single_node(args.job, resources.processes, launch.TORCHRUN_MAX_RESTARTS)
-        return PodShape(command=command, args=arguments, resources=resources, restart_policy="OnFailure")
+        return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never")
 
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         return volcano.job_manifest(args, template, min_available=1, replicas=1,
                                     max_retry=volcano.SINGLE_NODE_MAX_RETRY,
-                                    policies=[volcano.RESTART_ON_FAILED_POD])
+                                    policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_ON_FAILED_POD])
 
 
 class SmokeTrainingJob(_TrainingJob):

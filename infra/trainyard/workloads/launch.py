@@ -4,8 +4,11 @@ Rendezvous for elastic jobs is c10d, hosted by the torchrun agent of pod `<job>-
 the headless Service of Volcano's `svc` plugin (stable name, published before the pod is ready). That agent is
 told explicitly that it hosts the store (`is_host`): torch would otherwise guess by resolving the endpoint,
 which fails while the pod's DNS record is not yet published. When worker-0 is lost the store goes with it:
-the other agents' rendezvous calls fail, torchrun exits non-zero, the kubelet restarts those containers in
-place (restartPolicy OnFailure) and they rejoin once Volcano has recreated worker-0 under the same name.
+the other agents' rendezvous calls fail, torchrun exits non-zero, and the Volcano job restarts from the last
+checkpoint (volcano.py).
+
+Every launch line runs the trainer's preflight first: a config error exits CONFIG_ERROR_EXIT_CODE before
+torchrun (whose agent would retry it like a crash), and the Volcano job terminates on that code.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ WORKER_TASK = "worker"
 TORCHRUN_MAX_RESTARTS = 10
 # Seconds the first agents wait for --nnodes MIN to join: pulling a large image onto fresh nodes is slow.
 RDZV_JOIN_TIMEOUT = 1800
+# Seconds a rendezvous waits for more nodes once MIN have joined (c10d's last_call_timeout, 30 by default:
+# torch/distributed/elastic/rendezvous/dynamic_rendezvous.py). Volcano starts a gang's pods together, so
+# peers arrive within seconds; a node that comes later joins through torchrun's scale-up restart.
+RDZV_LAST_CALL_TIMEOUT = 5
 SMOKE_STEPS = 20
 # torchrun forwards SIGTERM to its workers and SIGKILLs them after --shutdown-timeout (30 s by default): it must
 # outwait the trainer's checkpoint grace, and the kubelet (terminationGracePeriodSeconds) must outwait torchrun.
@@ -32,11 +39,19 @@ SHUTDOWN_MARGIN_SECONDS = 10
 def shutdown_timeout(job: Job) -> int:
     return job.checkpoint_grace_seconds + SHUTDOWN_MARGIN_SECONDS
 
+# Checks the trainer's config before torchrun starts and exits with the trainer's final config-error code
+# (trainyard_train/preflight.py): torchrun itself would restart the workers on it --max-restarts times.
+PREFLIGHT = 'python -m trainyard_train.preflight "$@"'
+# Exit code of a config error (trainyard_train.config.CONFIG_ERROR_EXIT_CODE); the Volcano job ends on it.
+CONFIG_ERROR_EXIT_CODE = 2
 # $VC_TASK_INDEX comes from Volcano's env plugin; "$@" are the container args (the torchrun flags below).
 ELASTIC_WRAPPER = (
     'if [ "$VC_TASK_INDEX" = 0 ]; then host=1; else host=0; fi; '
-    f'exec torchrun --rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT}" "$@"'
+    f"{PREFLIGHT} && "
+    f'exec torchrun --rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT},'
+    f'last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" "$@"'
 )
+SINGLE_NODE_WRAPPER = f'{PREFLIGHT} && exec torchrun "$@"'
 
 
 def rendezvous_endpoint(job_name: str, namespace: str) -> str:
@@ -86,4 +101,4 @@ def single_node(job: Job, processes: int, max_restarts: int, *overrides: str) ->
         f"--shutdown-timeout={shutdown_timeout(job)}",
         *trainer_module_args(job, *overrides),
     ]
-    return ["torchrun"], args
+    return ["sh", "-c", SINGLE_NODE_WRAPPER, "torchrun"], args

@@ -4,11 +4,16 @@ Restart semantics. torchrun's elastic agents already survive the loss of a pod: 
 their collective, the agents re-rendezvous with whoever is left (down to --nnodes MIN) and resume from the
 last checkpoint. So a lost pod must *not* take the others down: PodEvicted (spot reclaim, node drain, pod
 deletion) has no policy on purpose, and Volcano's default for it, SyncJob, recreates the missing pod under the
-same name; it rejoins the rendezvous when a node is back. Only a pod that reaches phase Failed (which
-restartPolicy OnFailure reserves for node-level failures, as container crashes restart in place) is not
-recreated by a sync, so PodFailed restarts the job from its checkpoint. maxRetry bounds those restarts and is
-sized for a spot pool. The job completes when `minSuccess` pods exit 0, which the trainer only does once the
-configured steps are done (a preempted trainer exits 143).
+same name; it rejoins the rendezvous when a node is back.
+
+Training pods run with restartPolicy Never, so that a container that exits non-zero makes its pod Failed:
+Volcano reads the exit code only then (``updatePod`` in pkg/controllers/job/job_controller_handler.go,
+v1.15.1); under OnFailure the kubelet would restart a config error in place forever. The first policy ends
+the job on the trainer's config-error code, which no retry can fix; it comes first because Volcano tries
+policies in order and a PodFailed policy would match that pod too (``applyPolicies``, job_controller_util.go). Any other
+failure (torchrun out of restarts, the rendezvous host lost) restarts the job from its checkpoint; maxRetry
+bounds those restarts and is sized for a spot pool. The job completes when `minSuccess` pods exit 0, which
+the trainer only does once the configured steps are done (a stopped trainer exits non-zero).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainyard.workloads.args import TrainingJobArgs
-from trainyard.workloads.launch import WORKER_TASK
+from trainyard.workloads.launch import CONFIG_ERROR_EXIT_CODE, WORKER_TASK
 from trainyard.workloads.pod import job_labels
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -37,9 +42,12 @@ SINGLE_NODE_MAX_RETRY = 4
 # rendezvous runs before readiness). Its per-job NetworkPolicy is disabled: it would also block Prometheus
 # scraping port 9108; the tenant namespace's policies govern ingress instead.
 SVC_PLUGIN = ["--publish-not-ready-addresses=true", "--disable-network-policy=true"]
-RESTART_ON_FAILED_POD = {"event": "PodFailed", "action": "RestartJob"}
+Policy = dict[str, str | int]
+RESTART_ON_FAILED_POD: Policy = {"event": "PodFailed", "action": "RestartJob"}
+# A config error is final: end the job (TerminateJob keeps the failed pod and its one-line message).
+TERMINATE_ON_CONFIG_ERROR: Policy = {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"}
 # A smoke run proves the platform works; retrying would hide the failure it exists to show.
-TERMINATE_ON_FAILED_POD = {"event": "PodFailed", "action": "TerminateJob"}
+TERMINATE_ON_FAILED_POD: Policy = {"event": "PodFailed", "action": "TerminateJob"}
 
 
 def job_manifest(
@@ -49,7 +57,7 @@ def job_manifest(
     min_available: int,
     replicas: int,
     max_retry: int,
-    policies: list[dict[str, str]],
+    policies: list[Policy],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, spec) of the Volcano Job; one task, `worker`, whose pods run the template."""
     metadata = {"name": args.job.name, "namespace": args.namespace, "labels": job_labels(args),
