@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 STACKS := dev staging prod local
 
-.PHONY: plan plans deps upstream preflight test test-fast lint bench clean
+.PHONY: plan plans deps upstream preflight test test-fast lint bench gpu-check clean
 
 # System tools the suite runs for real: promtool (alert rule tests), the node bootstrap tests' disk tools, and
 # User-Mode Linux (a kernel with the md RAID driver, for the RAID0 scenario where the host kernel has none).
@@ -61,6 +61,9 @@ lint: $(VENV)/.dev-installed  ## ruff everywhere; mypy (strict for the Pulumi pr
 
 bench: $(VENV)/.dev-installed
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+gpu-check: $(VENV)/.dev-installed  ## the trainer on this machine's GPU: checkpoints, resume, kill, PowerSGD (CPU: gloo)
+	$(BIN)/python bench/gpu.py --check
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) build .upstream

@@ -1,0 +1,297 @@
+"""The trainer on this machine's accelerator: speed against a plain compiled loop, and a one-command check.
+
+    .venv/bin/python bench/gpu.py            # numbers: matmul peak, trainer tokens/s + MFU, the peer, checkpoints
+    .venv/bin/python bench/gpu.py --check    # pass/fail: sync/async checkpoints, resume, worker kill, PowerSGD
+
+On CUDA it uses gpt-small.yaml (124M parameters, bf16, torch.compile) on generated data and NCCL; without
+CUDA it runs the same steps on tiny.yaml with gloo, and says which GPU-only parts it skipped, so the
+script is exercised on every CPU machine too. MFU uses nanoGPT's estimate (flops per token
+6N + 12·L·d·T, N without position embeddings) against the bf16 matmul peak measured here, not a datasheet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workloads"))
+from trainyard_train.config import Config, load_config  # noqa: E402
+from trainyard_train.model import DecoderLM  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.yaml")
+# Same model and batch for the trainer and the peer: 16-sequence micro-batches (as in issue 10), 4 of them.
+BATCH = ["train.micro_batch_size=16", "train.global_batch_size=64"] if CUDA else []
+COMMON = ["data.path=data", "data.generate=true", "metrics.port=0", "train.log_every=1", "comm.hook=allreduce"]
+WARMUP_STEPS = 10  # compile, allocator warm-up, DDP bucket rebuild
+
+
+def skip(what: str) -> None:
+    print(f"SKIP {what}: no CUDA device on this machine")
+
+
+# -- running the trainer ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "progress.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait(self, timeout: float = 900) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def wait_for_step(self, step: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(e["event"] == "step" and e["step"] >= step for e in self.events()):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"run exited {self.proc.returncode} before step {step}:\n{self.log.read_text()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"no step {step} within {timeout} s")
+
+    def worker_pids(self) -> list[int]:
+        return [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
+
+
+def start(run_dir: Path, overrides: Sequence[str], *, nproc: int = 1, max_restarts: int = 0) -> Run:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
+        "-m", "trainyard_train", "--config", str(CONFIG), f"run_dir={run_dir}", *COMMON, *BATCH, *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workloads"), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log = run_dir / f"run-{time.monotonic_ns()}.log"
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, text=True)
+    return Run(run_dir, proc, log)
+
+
+def finish(run_dir: Path, overrides: Sequence[str], **kwargs: Any) -> list[dict[str, Any]]:
+    run = start(run_dir, overrides, **kwargs)
+    rc = run.wait()
+    if rc != 0:
+        raise RuntimeError(f"trainer exited {rc}:\n{run.log.read_text()[-4000:]}")
+    return run.events()
+
+
+def steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "step"]
+
+
+def median_step_seconds(events: list[dict[str, Any]]) -> float:
+    timed = [e["seconds"] for e in steps(events) if e["step"] > WARMUP_STEPS]
+    return statistics.median(timed)
+
+
+# -- numbers ------------------------------------------------------------------------------------------------
+
+
+def matmul_peak_tflops(n: int = 8192, iters: int = 50) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * iters / (time.perf_counter() - started) / 1e12
+
+
+def flops_per_token(cfg: Config) -> float:
+    """nanoGPT's estimate: 6N for the parameter matmuls (forward + backward) plus 12·L·d·T for attention."""
+    m = cfg.model
+    params = sum(p.numel() for p in DecoderLM(m).parameters()) - m.seq_len * m.d_model  # no position table
+    return 6 * params + 12 * m.n_layers * m.d_model * m.seq_len
+
+
+class _PlainLoss(torch.nn.Module):
+    """nanoGPT's way: full logits, then cross-entropy on them in fp32, all inside the compiled graph."""
+
+    def __init__(self, model: DecoderLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(inputs)
+        return functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def peer_seconds_per_step(cfg: Config, steps_: int = 30) -> float:
+    """A plain best-practice loop on the same model and batch, no DDP: on CUDA torch.compile, fused AdamW,
+    TF32 and bf16; on CPU the same loop eager in fp32 (compiling on CPU takes minutes)."""
+    device = torch.device("cuda" if CUDA else "cpu")
+    if CUDA:
+        torch.set_float32_matmul_precision("high")
+    model = DecoderLM(cfg.model).to(device)
+    plain = _PlainLoss(model)
+    compiled = torch.compile(plain) if CUDA else plain
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, fused=True)
+    micro, accum = cfg.train.micro_batch_size, cfg.train.global_batch_size // cfg.train.micro_batch_size
+    tokens = torch.randint(0, cfg.model.vocab_size, (accum, micro, cfg.model.seq_len + 1), device=device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=CUDA)
+    times = []
+    for step in range(steps_):
+        if CUDA:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for i in range(accum):
+            with autocast:
+                loss = compiled(tokens[i, :, :-1], tokens[i, :, 1:])
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()  # one host sync per step, as the trainer's
+        if step >= WARMUP_STEPS:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def numbers(root: Path) -> None:
+    cfg = load_config(CONFIG, [*COMMON, *BATCH])
+    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len
+    device = torch.cuda.get_device_name() if CUDA else "CPU"
+    print(f"device: {device}; torch {torch.__version__}; config {CONFIG.name}; {tokens_per_step} tokens/step")
+    peak = matmul_peak_tflops() if CUDA else None
+    if peak is None:
+        skip("bf16 matmul peak")
+    else:
+        print(f"bf16 matmul peak (8192^3): {peak:.0f} TFLOP/s")
+    trainer = median_step_seconds(finish(root / "speed", ["train.steps=40", "checkpoint.interval_steps=1000"]))
+    trainer_tps = tokens_per_step / trainer
+    print(f"trainer: {trainer_tps:,.0f} tokens/s ({trainer * 1000:.1f} ms/step)", end="")
+    if peak is not None:
+        achieved = flops_per_token(cfg) * trainer_tps / 1e12
+        print(f", {achieved:.0f} TFLOP/s, MFU {achieved / peak:.1%} of the measured peak")
+    else:
+        print()
+        skip("MFU")
+    peer_tps = tokens_per_step / peer_seconds_per_step(cfg)
+    kind = "torch.compile + fused AdamW + TF32 + bf16" if CUDA else "eager fp32 on CPU, not compiled"
+    print(f"peer (plain loop, {kind}): {peer_tps:,.0f} tokens/s; trainer / peer: {trainer_tps / peer_tps:.2f}x")
+    for async_save in (False, True):
+        events = finish(
+            root / f"ckpt-{async_save}",
+            ["train.steps=30", "checkpoint.interval_steps=10", f"checkpoint.async_save={str(async_save).lower()}"],
+        )
+        blocking = [e["blocking_seconds"] for e in events if e["event"] == "checkpoint"]
+        mode = "async" if async_save else "sync"
+        print(
+            f"checkpoint {mode}: blocks the step {statistics.median(blocking):.3f} s per save (median of "
+            f"{len(blocking)}; one step is {median_step_seconds(events):.3f} s)"
+        )
+
+
+# -- check --------------------------------------------------------------------------------------------------
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def report(self, name: str, ok: bool, detail: str) -> None:
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+        if not ok:
+            self.failed.append(name)
+
+
+def check(root: Path) -> int:
+    checks = Checks()
+    nproc = max(1, torch.cuda.device_count()) if CUDA else 2
+    print(f"check on {'CUDA/NCCL' if CUDA else 'CPU/gloo'} with {nproc} process(es), config {CONFIG.name}")
+    if not CUDA:
+        skip("NCCL, bf16 and torch.compile in these checks (they run on gloo/fp32)")
+    for async_save in (False, True):
+        mode = "async" if async_save else "sync"
+        run_dir = root / mode
+        common = ["checkpoint.interval_steps=10", f"checkpoint.async_save={str(async_save).lower()}"]
+        try:
+            first = finish(run_dir, ["train.steps=40", *common], nproc=nproc)
+            committed = [e["step"] for e in first if e["event"] == "checkpoint"]
+            blocking = max(e["blocking_seconds"] for e in first if e["event"] == "checkpoint")
+            checks.report(f"40 steps, {mode} checkpoints", committed == [10, 20, 30, 40],
+                          f"committed at {committed}, longest blocking {blocking:.3f} s")  # fmt: skip
+            resumed = finish(run_dir, ["train.steps=45", *common], nproc=nproc)
+            start_event = [e for e in resumed if e["event"] == "start"][-1]  # the file holds both runs
+            ok = start_event["step"] == 40 and resumed[-1]["event"] == "done" and resumed[-1]["step"] == 45
+            checks.report(f"resume after {mode} checkpoints", ok, f"resumed at step {start_event['step']}")
+        except RuntimeError as exc:
+            checks.report(f"{mode} checkpoints", False, str(exc)[-2000:])
+
+    run = start(root / "kill", ["train.steps=60", "checkpoint.interval_steps=10"], nproc=nproc, max_restarts=1)
+    try:
+        run.wait_for_step(25)
+        killed_at = time.time()
+        os.kill(run.worker_pids()[-1], signal.SIGKILL)
+        rc = run.wait()
+        events = run.events()
+        starts = [e for e in events if e["event"] == "start"]
+        first_new = next((e for e in steps(events) if len(starts) > 1 and e["time"] > starts[1]["time"]), None)
+        ok = rc == 0 and len(starts) == 2 and starts[1]["step"] >= 20 and events[-1]["event"] == "done"
+        detail = f"restarted at step {starts[-1]['step']}" + (
+            f", {first_new['time'] - killed_at:.1f} s from kill to the first new step" if first_new else ""
+        )
+        checks.report("worker SIGKILL, restart and resume", ok, detail)
+    except (RuntimeError, TimeoutError) as exc:
+        checks.report("worker SIGKILL, restart and resume", False, str(exc)[-2000:])
+
+    try:
+        events = finish(
+            root / "powersgd",
+            ["train.steps=40", "checkpoint.interval_steps=20", "comm.hook=powersgd", "comm.powersgd_start_iter=10"],
+            nproc=nproc,
+        )
+        sent = {e["step"]: e["grad_bytes"] for e in steps(events)}
+        ratio = sent[5] / sent[30]
+        losses = [e["loss"] for e in steps(events)]
+        ok = ratio > 2 and all(map(lambda x: x == x, losses)) and losses[-1] < losses[0]
+        backend = "NCCL" if CUDA else "gloo"
+        checks.report(f"PowerSGD on {backend}", ok, f"{ratio:.1f}x fewer gradient bytes, loss {losses[0]:.2f} -> "
+                      f"{losses[-1]:.2f}")  # fmt: skip
+    except RuntimeError as exc:
+        checks.report("PowerSGD", False, str(exc)[-2000:])
+    print("gpu-check:", "PASS" if not checks.failed else f"FAIL ({', '.join(checks.failed)})")
+    return 1 if checks.failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="pass/fail checks instead of speed numbers")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="trainyard-gpu-") as tmp:
+        if args.check:
+            return check(Path(tmp))
+        numbers(Path(tmp))
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
