@@ -23,10 +23,10 @@ from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.workloads.launch import (
     CONFIG_ERROR_EXIT_CODE,
-    ELASTIC_WRAPPER,
     RDZV_LAST_CALL_TIMEOUT,
     RDZV_PORT,
     SINGLE_NODE_WRAPPER,
+    TRAINER_ELASTIC_WRAPPER,
 )
 
 GIB = 1024**3
@@ -128,7 +128,7 @@ def _config_name(container: dict[str, Any]) -> str:
 
 def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> None:
     container = _container(_job(prod, "pretrain-h100"))
-    assert container["command"] == ["sh", "-c", ELASTIC_WRAPPER, "torchrun"]
+    assert container["command"] == ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"]
     # The wrapper only adds is_host for worker 0 and execs torchrun with the container args.
     script = shlex.split(container["command"][2].split("exec ", 1)[1])
     assert script[0] == "torchrun" and script[-1] == "$@"

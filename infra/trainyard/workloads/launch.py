@@ -45,12 +45,15 @@ PREFLIGHT = 'python -m trainyard_train.preflight "$@"'
 # Exit code of a config error (trainyard_train.config.CONFIG_ERROR_EXIT_CODE); the Volcano job ends on it.
 CONFIG_ERROR_EXIT_CODE = 2
 # $VC_TASK_INDEX comes from Volcano's env plugin; "$@" are the container args (the torchrun flags below).
-ELASTIC_WRAPPER = (
-    'if [ "$VC_TASK_INDEX" = 0 ]; then host=1; else host=0; fi; '
-    f"{PREFLIGHT} && "
+_IS_HOST = 'if [ "$VC_TASK_INDEX" = 0 ]; then host=1; else host=0; fi; '
+_ELASTIC_TORCHRUN = (
     f'exec torchrun --rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT},'
     f'last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" "$@"'
 )
+# Any module over an elastic c10d rendezvous (the fabric check runs its own module with it).
+ELASTIC_WRAPPER = _IS_HOST + _ELASTIC_TORCHRUN
+# The trainer's: its config is checked first.
+TRAINER_ELASTIC_WRAPPER = f"{_IS_HOST}{PREFLIGHT} && {_ELASTIC_TORCHRUN}"
 SINGLE_NODE_WRAPPER = f'{PREFLIGHT} && exec torchrun "$@"'
 
 
@@ -91,7 +94,7 @@ def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[s
         f"--shutdown-timeout={shutdown_timeout(job)}",
         *trainer_module_args(job),
     ]
-    return ["sh", "-c", ELASTIC_WRAPPER, "torchrun"], args
+    return ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"], args
 
 
 def single_node(job: Job, processes: int, max_restarts: int, *overrides: str) -> tuple[list[str], list[str]]:
