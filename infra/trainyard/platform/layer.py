@@ -3,9 +3,9 @@
 The add-ons a stack turns on come from the registry (platform/addons.yaml), built in dependency order: the CNI
 first (`build_cni`, on the control plane, before the node groups: no node turns Ready without a CNI); then, once
 the nodes joined, the EKS add-ons needing pod networking; then every other add-on after what it needs, and after
-kube-prometheus-stack when it ships ServiceMonitors. The tenants come next (their
-queues and network policies need Volcano's and Cilium's CRDs), then the add-ons that put objects into tenant
-namespaces. Destroy runs the same graph backwards.
+kube-prometheus-stack when it ships ServiceMonitors. The tenants come next (their queues and network policies
+need Volcano's and Cilium's CRDs), then the add-ons that put objects into tenant namespaces. Destroy runs the
+same graph backwards.
 """
 
 from __future__ import annotations
