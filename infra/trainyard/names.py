@@ -15,6 +15,11 @@ class ServiceAccountRef:
 ROLE_LABEL = "trainyard.io/role"
 POOL_LABEL = "trainyard.io/pool"
 GPU_TAINT_KEY = "nvidia.com/gpu"
+# GPU node admission (platform/gpu-health/gpu-health-check.sh spells the same keys): a Karpenter startup taint
+# that only a passed check removes, the taint a failed check adds, and the node label with the result.
+GPU_HEALTH_TAINT_KEY = "trainyard.io/gpu-health"
+GPU_HEALTH_FAILED_TAINT_KEY = "trainyard.io/gpu-health-failed"
+GPU_HEALTH_LABEL = "trainyard.io/gpu-health"
 
 KARPENTER = ServiceAccountRef("kube-system", "karpenter")
 EBS_CSI = ServiceAccountRef("kube-system", "ebs-csi-controller-sa")

@@ -29,7 +29,8 @@ def cloud_and_karpenter() -> None:
     if settings.is_aws:
         catalogue = load_catalogue(REPO_ROOT)
         chart = HelmChart(catalogue.chart("karpenter"), catalogue.values("karpenter"))
-        Karpenter("karpenter", KarpenterArgs(cluster=cluster, chart=chart))
+        Karpenter("karpenter", KarpenterArgs(cluster=cluster, chart=chart,
+                                             node_repair=settings.addons.gpu_health.repair))
 
 
 @cache

@@ -60,8 +60,10 @@ def test_node_pool_content() -> None:
     assert pools["h200"].inputs["spec"]["limits"] == {"nvidia.com/gpu": "32"}
     template = h100["template"]
     assert template["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    # Cilium's, then GPU admission's: only a passed health check removes the second (platform/gpu_health.py).
     assert template["spec"]["startupTaints"] == [
-        {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}]
+        {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"},
+        {"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"}]
     assert template["spec"]["expireAfter"] == "Never"
     assert template["metadata"]["labels"] == {"trainyard.io/role": "gpu", "trainyard.io/pool": "h100"}
     reqs = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
@@ -112,7 +114,7 @@ def test_crs_outlive_nothing_but_depend_on_the_release(stack: str) -> None:
     assert release.deleted_with == cluster.urn
     assert release.inputs["values"]["settings"] == {"clusterName": f"trainyard-{stack}",
                                                     "interruptionQueue": f"trainyard-{stack}-karpenter",
-                                                    "featureGates": {"nodeOverlay": True}}
+                                                    "featureGates": {"nodeOverlay": True, "nodeRepair": True}}
     assert release.inputs["version"] == "1.14.1"
     for cr in of_type(rec, NODE_CLASS) + of_type(rec, NODE_POOL) + of_type(rec, NODE_OVERLAY):
         assert cr.deleted_with is None, f"{cr.name} would be skipped on destroy and orphan its instances"

@@ -155,6 +155,13 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("bad-dataset-path", _set("workloads[0].dataset", "../etc"), "trainyard:workloads[0].dataset", "no '..'"),
     ("multi-node-without-cephfs", _set("addons.rookCeph.enabled", False), "trainyard:workloads[0].maxNodes",
      "ReadWriteMany"),
+    ("bad-diag-level", _set("addons.gpuHealth.diagLevel", 5), "trainyard:addons.gpuHealth.diagLevel", "1, 2, 3 or 4"),
+    ("health-memory-percent", _set("addons.gpuHealth.minMemoryPercent", 20),
+     "trainyard:addons.gpuHealth.minMemoryPercent", "50"),
+    ("health-wait-too-short", _set("addons.gpuHealth.waitMinutes", 1), "trainyard:addons.gpuHealth.waitMinutes",
+     "5"),
+    ("health-without-gpu-operator", _set("addons.gpuOperator.enabled", False), "trainyard:addons.gpuHealth.enabled",
+     "GPU Operator"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
 ]
@@ -238,3 +245,12 @@ def test_a_malformed_value_without_default_stops_at_the_structure(prod: Raw) -> 
         parse_settings(PROJECT, "prod", raw)
     # The region has no default to check the rest against, so only the structural problem is certain.
     assert [p.path for p in caught.value.problems] == ["aws.region"]
+
+
+@pytest.mark.parametrize("key", ["enabled", "repair"])
+def test_gpu_health_is_refused_on_the_local_stack(key: str) -> None:
+    raw = copy.deepcopy(_raw("local"))
+    raw["addons"]["gpuHealth"][key] = True
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "local", raw)
+    assert f"  - trainyard:addons.gpuHealth.{key}: must be false for target 'local'" in str(caught.value)

@@ -16,7 +16,9 @@ Cilium (whose operator gets its EC2 permissions through Pod Identity) and before
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -30,6 +32,14 @@ from trainyard.config.releases import KUBERNETES_RELEASES
 class AddonPin:
     name: str
     version: str
+    # The add-on's configuration values (its Helm chart values, checked by EKS against the add-on's schema).
+    configuration: dict[str, Any] | None = None
+
+
+# The node monitoring agent's own DCGM host engine (dcgmAgent, used for its GPU checks) tolerates nothing by
+# default (chart values.yaml v1.7.0); GPU nodes are tainted, quarantined ones doubly so. The agent itself
+# already tolerates everything.
+NODE_MONITORING_AGENT_CONFIG: dict[str, Any] = {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}}
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,10 @@ def after_cni_addons(settings: Settings, cluster_name: pulumi.Input[str]) -> Eks
         AddonPin("aws-ebs-csi-driver", release.ebs_csi_driver),
         # Ships the snapshot.storage.k8s.io CRDs Rook's VolumeSnapshotClasses need.
         AddonPin("snapshot-controller", release.snapshot_controller),
+        # Node conditions (AcceleratedHardwareReady, KernelReady, NetworkingReady, StorageReady,
+        # ContainerRuntimeReady) that Karpenter's node repair acts on; EKS user guide, node-health-nma.
+        *((AddonPin("eks-node-monitoring-agent", release.node_monitoring_agent, NODE_MONITORING_AGENT_CONFIG),)
+          if settings.addons.gpu_health.repair else ()),
     ), base_tags(settings))
 
 
@@ -65,7 +79,9 @@ class EksAddons(pulumi.ComponentResource):
         self.addons = {
             pin.name: aws.eks.Addon(
                 f"{name}-{pin.name}", cluster_name=args.cluster_name, addon_name=pin.name,
-                addon_version=pin.version, resolve_conflicts_on_create="OVERWRITE",
+                addon_version=pin.version,
+                configuration_values=json.dumps(pin.configuration) if pin.configuration is not None else None,
+                resolve_conflicts_on_create="OVERWRITE",
                 resolve_conflicts_on_update="OVERWRITE", tags=args.tags,
                 opts=pulumi.ResourceOptions(parent=self))
             for pin in args.addons

@@ -37,6 +37,9 @@ from trainyard.config.releases import KUBERNETES_RELEASES
 # Only Ceph (which tolerates `trainyard.io/role`) may land on storage nodes: their CPU and NVMe belong to OSDs.
 STORAGE_TAINT = Taint.model_validate({"key": names.ROLE_LABEL, "value": "storage", "effect": "NoSchedule"})
 GPU_TAINT = Taint.model_validate({"key": names.GPU_TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+# Held from boot until the GPU health check passes (platform/gpu_health.py); NoSchedule, so nothing running is evicted.
+GPU_HEALTH_TAINT = Taint.model_validate({"key": names.GPU_HEALTH_TAINT_KEY, "value": "pending",
+                                         "effect": "NoSchedule"})
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 
@@ -125,7 +128,8 @@ def build_aws(settings: Settings) -> ControlPlane:
         if pool.role == "gpu":
             placement = karpenter.placement_groups.get(pool.name)
             facts = dataclasses.replace(
-                facts, instance_types=tuple(pool.instance_types), capacity_types=tuple(pool.capacity_types),
+                facts, startup_taints=(GPU_HEALTH_TAINT,) if settings.addons.gpu_health.enabled else (),
+                instance_types=tuple(pool.instance_types), capacity_types=tuple(pool.capacity_types),
                 max_nodes=pool.max_size, user_data=gpu_user_data,
                 placement_group=placement.name if placement is not None else None)
         pools.append(facts)

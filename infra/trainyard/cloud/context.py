@@ -21,6 +21,8 @@ class PoolFacts:
     node_labels: dict[str, str]
     taints: tuple[Taint, ...]
     zones: tuple[str, ...]
+    # Karpenter startup taints beyond Cilium's: the GPU health admission taint when the stack turns it on.
+    startup_taints: tuple[Taint, ...] = ()
     gpu: GpuModel | None = None
     gpus_per_node: int = 0
     mig_layout: str | None = None

@@ -270,6 +270,22 @@ class MonitoringSettings(AddonSwitch):
     storage_size: Quantity = "100Gi"
 
 
+class GpuHealthSettings(AddonSwitch):
+    """GPU node admission (a startup taint only a passed health check removes) and repair of broken nodes.
+
+    See the README, "GPU node health". Run times per diagLevel are NVIDIA's (dcgmi diag reference): 1 seconds,
+    2 about two minutes, 3 about 15 minutes, 4 longer.
+    """
+
+    diag_level: Literal[1, 2, 3, 4] = 1
+    # A GPU must report at least this share of its instance type's nominal memory (A10G/L4/L40S report ~94%).
+    min_memory_percent: Annotated[int, Field(ge=50, le=100)] = 90
+    # How long the check waits for GPU Operator validation and the MIG layout before it fails the node.
+    wait_minutes: Annotated[int, Field(ge=5, le=120)] = 30
+    # EKS node monitoring agent (node conditions) + Karpenter's NodeRepair feature gate (replaces the node).
+    repair: bool = True
+
+
 class AddonSettings(Model):
     """The typed view of the add-ons whose settings other layers read (config rules, the cloud layer).
 
@@ -280,6 +296,7 @@ class AddonSettings(Model):
 
     cilium: CiliumSettings = CiliumSettings()
     gpu_operator: GpuOperatorSettings = GpuOperatorSettings()
+    gpu_health: GpuHealthSettings = GpuHealthSettings()
     rook_ceph: RookCephSettings = RookCephSettings()
     alluxio: AlluxioSettings = AlluxioSettings()
     volcano: AddonSwitch = AddonSwitch()

@@ -20,6 +20,9 @@ class KubernetesRelease:
     ebs_csi_driver: str
     pod_identity_agent: str
     snapshot_controller: str
+    # EKS add-on eks-node-monitoring-agent: aws/eks-node-monitoring-agent tag v1.7.0 (2026-08-04),
+    # charts/eks-node-monitoring-agent/values.yaml nodeAgent.image.tag; one agent build serves every EKS version.
+    node_monitoring_agent: str = "v1.7.0-eksbuild.1"
 
     @property
     def karpenter_ami_alias(self) -> str:

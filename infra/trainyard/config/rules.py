@@ -269,9 +269,15 @@ def _addons(s: Settings) -> Iterator[Problem]:
                                                "kube-proxy, so Cilium is the only CNI")
     if s.target == "local":
         for key, on in (("gpuOperator", a.gpu_operator.enabled), ("rookCeph", a.rook_ceph.enabled),
-                        ("alluxio", a.alluxio.enabled)):
+                        ("alluxio", a.alluxio.enabled), ("gpuHealth", a.gpu_health.enabled)):
             if on:
                 yield Problem(f"addons.{key}.enabled", "must be false for target 'local' (CPU only, no NVMe)")
+        if a.gpu_health.repair:
+            yield Problem("addons.gpuHealth.repair", "must be false for target 'local': node repair needs EKS "
+                                                     "(node monitoring agent) and Karpenter")
+    if s.target == "aws" and a.gpu_health.enabled and not a.gpu_operator.enabled:
+        yield Problem("addons.gpuHealth.enabled", "the admission check waits for GPU Operator validation: needs "
+                                                  "addons.gpuOperator.enabled")
     if s.target == "aws" and a.rook_ceph.enabled:
         storage = s.pools("storage")
         if not storage:

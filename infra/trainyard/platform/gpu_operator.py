@@ -16,7 +16,7 @@ from trainyard.config.model import GpuOperatorSettings, Settings, TimeSlicing
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
-from trainyard.platform.scheduling import tolerations_for
+from trainyard.platform.scheduling import startup_tolerations, tolerations_for
 
 MIG_CONFIG_KEY = "config.yaml"
 DCGM_METRICS_KEY = "dcgm-metrics.csv"
@@ -58,7 +58,8 @@ def gpu_operator_values(args: GpuOperatorArgs) -> tuple[dict[str, Any], dict[str
     # The plugin configs become our own ConfigMap, so the chart must not render its own copy of them.
     del base["devicePlugin"]["config"]["data"]
     computed = {
-        "daemonsets": {"tolerations": tolerations_for(args.gpu_pools)},
+        # Operands (validator, device plugin, mig-manager, DCGM exporter) run before the node is admitted.
+        "daemonsets": {"tolerations": tolerations_for(args.gpu_pools) + startup_tolerations(args.gpu_pools)},
         "devicePlugin": {"config": {"create": False}},
     }
     return base, computed

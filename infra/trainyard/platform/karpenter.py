@@ -81,7 +81,10 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
                 "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
                 "requirements": requirements,
                 "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in pool.taints],
-                "startupTaints": [CILIUM_STARTUP_TAINT],
+                # Karpenter counts a node with only these left as capacity to come (kubernetes-sigs/karpenter
+                # pkg/controllers/state/statenode.go Taints); DaemonSets that tolerate them remove them.
+                "startupTaints": [CILIUM_STARTUP_TAINT, *({"key": t.key, "value": t.value, "effect": t.effect}
+                                                         for t in pool.startup_taints)],
                 # Expiry is forceful (ignores do-not-disrupt): never expire a node under a training job.
                 "expireAfter": "Never",
                 "terminationGracePeriod": TERMINATION_GRACE,
@@ -133,6 +136,8 @@ class KarpenterArgs:
     chart: HelmChart
     # What must run before the controller: the CNI release, kube-prometheus-stack when monitoring is on.
     after: tuple[pulumi.Resource, ...] = ()
+    # Replace nodes whose node-monitoring-agent conditions stay bad (settings.featureGates.nodeRepair).
+    node_repair: bool = False
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -152,7 +157,10 @@ class Karpenter(pulumi.ComponentResource):
         self.release = helm_release(
             name, args.chart, cluster, self, depends_on=args.after,
             values={
-                "settings": {"clusterName": cluster.name, "interruptionQueue": facts.interruption_queue},
+                "settings": {"clusterName": cluster.name, "interruptionQueue": facts.interruption_queue,
+                             # Alpha in 1.14 (chart values.yaml); repairs ignore disruption budgets: README,
+                             # "GPU node health".
+                             "featureGates": {"nodeRepair": args.node_repair}},
                 # The node's resolver (VPC DNS): the controller must not wait for CoreDNS to reach AWS APIs.
                 "dnsPolicy": "Default",
             })
@@ -186,7 +194,8 @@ def _labels(pool: PoolFacts) -> dict[str, str]:
 
 def build(ctx: AddonContext) -> Karpenter:
     return Karpenter(ctx.addon.resource_name, KarpenterArgs(
-        cluster=ctx.cluster, chart=ctx.chart("karpenter"), after=ctx.monitored))
+        cluster=ctx.cluster, chart=ctx.chart("karpenter"), after=ctx.monitored,
+        node_repair=ctx.stack.addons.gpu_health.repair))
 
 
 def _on_aws(stack: Settings) -> bool:

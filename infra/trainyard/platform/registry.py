@@ -89,8 +89,9 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> Addon:
     if unknown:
         raise CatalogueError(f"{at}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
     charts = _names(at, "charts", entry.get("charts"))
-    if not charts:
-        raise CatalogueError(f"{at}.charts: list at least one release of platform/charts.yaml")
+    if not charts and entry.get("component") is None:
+        raise CatalogueError(f"{at}.charts: list at least one release of platform/charts.yaml "
+                             "(only an add-on with a component may install no chart)")
     for chart in charts:
         if chart not in catalogue.pins:
             raise CatalogueError(f"{at}.charts: {chart!r} is not a release of platform/charts.yaml "
@@ -101,7 +102,7 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> Addon:
     for key in ("cni", "afterTenants", "switch"):
         if not isinstance(entry.get(key, False), bool):
             raise CatalogueError(f"{at}.{key}: expected true or false")
-    scrape_namespace = catalogue.chart(charts[0]).namespace
+    scrape_namespace = catalogue.chart(charts[0]).namespace if charts else ""
     addon = Addon(
         name=name, charts=charts, code=_code(at, entry.get("component"), charts),
         optional_charts=frozenset(optional),

@@ -23,6 +23,12 @@ def tolerations_for(pools: Iterable[PoolFacts]) -> list[dict[str, str]]:
     return [seen[key] for key in sorted(seen)]
 
 
+def startup_tolerations(pools: Iterable[PoolFacts]) -> list[dict[str, str]]:
+    """Tolerations for the startup taints of `pools`: for node agents that must run before a node is admitted."""
+    keys = sorted({(t.key, t.effect) for pool in pools for t in pool.startup_taints})
+    return [{"key": key, "operator": "Exists", "effect": effect} for key, effect in keys]
+
+
 def role_affinity(*roles: str) -> dict[str, Any]:
     """Required node affinity to nodes whose trainyard.io/role is one of `roles`."""
     return {

@@ -1,0 +1,178 @@
+"""GPU node admission and repair as the plans render them: the startup taint, the check DaemonSet and its RBAC,
+the operands that must run before admission, the node monitoring agent and Karpenter's node repair."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainyard import names
+from trainyard.cloud.context import PoolFacts
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import StackFile, read_stack, render
+from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
+from trainyard.platform.gpu_health import DCGM_IMAGE, KUBECTL_IMAGE, expectations
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "platform" / "gpu-health" / "gpu-health-check.sh"
+AWS_STACKS = ("dev", "staging", "prod")
+ADDON = "aws:eks/addon:Addon"
+
+
+def _with_addons(stack: str, **gpu_health: Any) -> StackFile:
+    base = read_stack(stack)
+    addons = json.loads(base.values.get("trainyard:addons", "{}"))
+    addons["gpuHealth"] = {**addons.get("gpuHealth", {}), **gpu_health}
+    return StackFile(stack=stack, values={**base.values, "trainyard:addons": json.dumps(addons)},
+                     secret_keys=base.secret_keys)
+
+
+@cache
+def _recording(stack: str, enabled: bool = True, repair: bool = True) -> Recording:
+    if enabled and repair:
+        return render(read_stack(stack))
+    return render(_with_addons(stack, enabled=enabled, repair=repair))
+
+
+def _objects(recording: Recording, kind: str) -> dict[str, dict[str, Any]]:
+    return {manifest_of(r)["metadata"]["name"]: manifest_of(r) for r in recording.resources
+            if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind}
+
+
+def _node_pools(recording: Recording) -> dict[str, dict[str, Any]]:
+    return {r.inputs["metadata"]["name"]: r.inputs for r in recording.resources
+            if r.type == "kubernetes:karpenter.sh/v1:NodePool"}
+
+
+def _release(recording: Recording, chart: str) -> dict[str, Any]:
+    (release,) = [release_of(r) for r in recording.resources
+                  if r.type == HELM_RELEASE and release_of(r)["chart"].endswith(chart)]
+    return release
+
+
+def _daemonset(recording: Recording) -> dict[str, Any]:
+    return _objects(recording, "DaemonSet")["gpu-health-check"]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_gpu_node_pool_starts_tainted_until_the_check_passes(stack: str) -> None:
+    pools = _node_pools(_recording(stack))
+    assert pools
+    for name, pool in pools.items():
+        startup = pool["spec"]["template"]["spec"]["startupTaints"]
+        assert {"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"} in startup, name
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_check_runs_on_gpu_nodes_not_yet_admitted_and_tolerates_their_taints(stack: str) -> None:
+    spec = _daemonset(_recording(stack))["spec"]["template"]["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "trainyard.io/role", "operator": "In", "values": ["gpu"]} in term["matchExpressions"]
+    assert {"key": "trainyard.io/gpu-health", "operator": "NotIn", "values": ["passed"]} in term["matchExpressions"]
+    tolerated = {(t["key"], t.get("effect")) for t in spec["tolerations"]}
+    assert {("nvidia.com/gpu", "NoSchedule"), ("trainyard.io/gpu-health", "NoSchedule"),
+            ("trainyard.io/gpu-health-failed", "NoSchedule")} <= tolerated
+    # Cilium's startup taint is not tolerated: the check needs the pod network to reach the API server.
+    assert "node.cilium.io/agent-not-ready" not in {key for key, _ in tolerated}
+    steps = [c["command"][-1] for c in spec["initContainers"]] + [spec["containers"][0]["command"][-1]]
+    assert steps == ["wait", "probe", "bash /opt/gpu-health/gpu-health-check.sh admit && exec sleep infinity"]
+    images = [c["image"] for c in (*spec["initContainers"], *spec["containers"])]
+    assert images == [KUBECTL_IMAGE, DCGM_IMAGE, KUBECTL_IMAGE]
+
+
+@pytest.mark.parametrize(("stack", "level"), [("dev", "1"), ("staging", "2"), ("prod", "2")])
+def test_the_stack_sets_the_diagnostic_level_and_thresholds(stack: str, level: str) -> None:
+    spec = _daemonset(_recording(stack))["spec"]["template"]["spec"]
+    for container in (*spec["initContainers"], *spec["containers"]):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["DIAG_LEVEL"] == level
+        assert env["MIN_MEMORY_PERCENT"] == "90" and env["WAIT_SECONDS"] == "1800"
+
+
+def test_only_the_probe_is_privileged() -> None:
+    spec = _daemonset(_recording("prod"))["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in (*spec["initContainers"], *spec["containers"])}
+    assert by_name["probe"]["securityContext"] == {"privileged": True}
+    for name in ("wait", "admit"):
+        context = by_name[name]["securityContext"]
+        assert context["runAsNonRoot"] and not context["allowPrivilegeEscalation"]
+        assert context["capabilities"] == {"drop": ["ALL"]} and context["readOnlyRootFilesystem"]
+
+
+def test_rbac_is_least_privilege() -> None:
+    recording = _recording("prod")
+    (cluster_role,) = [r for r in _objects(recording, "ClusterRole").values()
+                       if r["metadata"]["name"] == "gpu-health-check"]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    role = _objects(recording, "Role")["gpu-health-check"]
+    assert role["metadata"]["namespace"] == "gpu-health"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+def test_the_script_and_the_expectations_ship_verbatim() -> None:
+    data = _objects(_recording("prod"), "ConfigMap")["gpu-health-check"]["data"]
+    assert data["gpu-health-check.sh"] == SCRIPT.read_text()
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
+            if not line.startswith("#")}
+    assert rows[("h100", "p5.48xlarge")] == ["8", "81920", "32", "-"]  # EFA pool: 32 EFA devices
+    assert rows[("h200", "p5en.48xlarge")] == ["8", "144384", "16", "-"]
+    assert rows[("h100-mig", "p5.48xlarge")][-1] != "-"  # MIG pool: the layout must be applied
+
+
+def test_expectations_need_efa_only_on_efa_pools() -> None:
+    pool = PoolFacts(name="p", role="gpu", node_labels={}, taints=(), zones=("a",), efa_interfaces=0,
+                     instance_types=("p4d.24xlarge",), mig_layout="all-balanced")
+    assert expectations([pool]).splitlines()[1] == "p p4d.24xlarge 8 40960 0 all-balanced"
+
+
+def test_the_script_uses_the_keys_the_component_and_karpenter_use() -> None:
+    text = SCRIPT.read_text()
+    assert f"STARTUP_TAINT={names.GPU_HEALTH_TAINT_KEY}\n" in text
+    assert f"FAILED_TAINT={names.GPU_HEALTH_FAILED_TAINT_KEY}\n" in text
+    assert f"RESULT_LABEL={names.GPU_HEALTH_LABEL}\n" in text
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_operands_needed_before_admission_tolerate_the_startup_taint(stack: str) -> None:
+    values = _release(_recording(stack), "gpu-operator")["values"]
+    startup = {"key": "trainyard.io/gpu-health", "operator": "Exists", "effect": "NoSchedule"}
+    assert startup in values["daemonsets"]["tolerations"]
+    nfd = values["node-feature-discovery"]["worker"]["tolerations"]
+    assert any(t.get("key") == "trainyard.io/gpu-health" for t in nfd)
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_repair_is_the_monitoring_agent_plus_karpenter_node_repair(stack: str) -> None:
+    recording = _recording(stack)
+    addons = {r.inputs["addonName"]: r.inputs for r in recording.resources if r.type == ADDON}
+    agent = addons["eks-node-monitoring-agent"]
+    assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", agent["addonVersion"])
+    assert json.loads(agent["configurationValues"]) == {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}}
+    assert _release(recording, "karpenter")["values"]["settings"]["featureGates"]["nodeRepair"] is True
+
+
+def test_repair_off_drops_the_agent_and_the_feature_gate() -> None:
+    recording = _recording("dev", repair=False)
+    assert "eks-node-monitoring-agent" not in {r.inputs["addonName"] for r in recording.resources if r.type == ADDON}
+    assert _release(recording, "karpenter")["values"]["settings"]["featureGates"]["nodeRepair"] is False
+    assert "gpu-health-check" in _objects(recording, "DaemonSet")
+
+
+def test_admission_off_leaves_no_taint_and_no_check() -> None:
+    recording = _recording("dev", enabled=False)
+    assert "gpu-health-check" not in _objects(recording, "DaemonSet")
+    for pool in _node_pools(recording).values():
+        keys = {t["key"] for t in pool["spec"]["template"]["spec"]["startupTaints"]}
+        assert keys == {"node.cilium.io/agent-not-ready"}
+    values = _release(recording, "gpu-operator")["values"]
+    assert all(t["key"] != "trainyard.io/gpu-health" for t in values["daemonsets"]["tolerations"])
+
+
+def test_local_has_neither() -> None:
+    recording = _recording("local")
+    assert "gpu-health-check" not in _objects(recording, "DaemonSet")
+    assert not [r for r in recording.resources if r.type == ADDON]
