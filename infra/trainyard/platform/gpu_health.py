@@ -130,8 +130,8 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
                 "terminationGracePeriodSeconds": 5,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "initContainers": [
-                    {"name": "wait", "image": KUBECTL_IMAGE, "imagePullPolicy": "Always", "command": [*run, "wait"], "env": env,
-                     "resources": small, "securityContext": _restricted(),
+                    {"name": "wait", "image": KUBECTL_IMAGE, "imagePullPolicy": "Always", "command": [*run, "wait"],
+                     "env": env, "resources": small, "securityContext": _restricted(),
                      "volumeMounts": [script_mount, state_mount,
                                       {"name": "validations", "mountPath": VALIDATIONS_HOST_PATH,
                                        "readOnly": True}]},
