@@ -23,8 +23,8 @@ import pulumi_kubernetes as k8s
 
 from trainyard import names
 from trainyard.cloud.context import ClusterContext, PoolFacts
-from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config import Settings
+from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.model import GpuHealthSettings
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
@@ -61,6 +61,12 @@ CHECKOV_SKIPS = {
         ("CKV_K8S_38", "the wait and admit steps read and patch the node through the API server"),
     ), start=1)
 }
+
+
+# A check pod stays in its init steps for up to waitMinutes plus the diagnostic on a node that joins during an
+# update: `pulumi up` must not wait for (or time out on) a rollout whose pace is the nodes' (pulumi-kubernetes
+# honours pulumi.com/skipAwait on every kind it awaits).
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
 
 
 @dataclass(frozen=True)
@@ -183,38 +189,44 @@ class GpuHealth(pulumi.ComponentResource):
             # The probe container runs DCGM privileged and mounts host paths.
             metadata={"name": NAMESPACE, "labels": {**meta, "pod-security.kubernetes.io/enforce": "privileged"}},
             opts=k8s_options(cluster, self, args.depends_on))
-        in_namespace = {"name": NAME, "namespace": NAMESPACE, "labels": meta}
+        # Plain manifest-shaped bodies (camelCase keys, as the provider sends them).
+        in_namespace: Any = {"name": NAME, "namespace": NAMESPACE, "labels": meta}
+        cluster_meta: Any = {"name": NAME, "labels": meta}
+        subject: Any = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+        # Labels and taints are patches on the node; RBAC cannot narrow it to the pod's own node.
+        node_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+        event_rules: Any = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+        deny_ingress: Any = {"podSelector": {}, "policyTypes": ["Ingress"]}
+        daemonset_meta: Any = {**in_namespace, "annotations": {**CHECKOV_SKIPS, **SKIP_AWAIT}}
+        spec: Any = daemonset_spec(args)
+
         after_namespace = k8s_options(cluster, self, [namespace])
         account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=in_namespace, opts=after_namespace)
-        subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
-        # Labels and taints are patches on the node; RBAC cannot narrow it to the pod's own node.
-        node_role = k8s.rbac.v1.ClusterRole(
-            f"{name}-nodes", metadata={"name": NAME, "labels": meta},
-            rules=[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
-            opts=k8s_options(cluster, self))
+        node_role = k8s.rbac.v1.ClusterRole(f"{name}-nodes", metadata=cluster_meta, rules=node_rules,
+                                            opts=k8s_options(cluster, self))
         node_binding = k8s.rbac.v1.ClusterRoleBinding(
-            f"{name}-nodes", metadata={"name": NAME, "labels": meta},
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-            subjects=subject, opts=k8s_options(cluster, self, [node_role, account]))
-        event_role = k8s.rbac.v1.Role(
-            f"{name}-events", metadata=in_namespace,
-            rules=[{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}], opts=after_namespace)
+            f"{name}-nodes", metadata=cluster_meta, role_ref=_role_ref("ClusterRole"), subjects=subject,
+            opts=k8s_options(cluster, self, [node_role, account]))
+        event_role = k8s.rbac.v1.Role(f"{name}-events", metadata=in_namespace, rules=event_rules,
+                                      opts=after_namespace)
         event_binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-events", metadata=in_namespace,
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
-            subjects=subject, opts=k8s_options(cluster, self, [event_role, account]))
+            f"{name}-events", metadata=in_namespace, role_ref=_role_ref("Role"), subjects=subject,
+            opts=k8s_options(cluster, self, [event_role, account]))
         script = k8s.core.v1.ConfigMap(
             f"{name}-script", metadata=in_namespace,
             data={SCRIPT_KEY: args.script, EXPECTED_KEY: expectations(args.gpu_pools)}, opts=after_namespace)
         # Nothing connects to the check: all ingress denied; egress (the API server) stays open.
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-deny-ingress", metadata=in_namespace,
-            spec={"podSelector": {}, "policyTypes": ["Ingress"]}, opts=after_namespace)
+        k8s.networking.v1.NetworkPolicy(f"{name}-deny-ingress", metadata=in_namespace, spec=deny_ingress,
+                                        opts=after_namespace)
         self.daemonset = k8s.apps.v1.DaemonSet(
-            f"{name}-daemonset", metadata={**in_namespace, "annotations": CHECKOV_SKIPS}, spec=daemonset_spec(args),
+            f"{name}-daemonset", metadata=daemonset_meta, spec=spec,
             opts=k8s_options(cluster, self, [script, node_binding, event_binding]))
         self.release = self.daemonset
         self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
+
+
+def _role_ref(kind: str) -> Any:
+    return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": NAME}
 
 
 def build(ctx: AddonContext) -> GpuHealth:
