@@ -64,7 +64,8 @@ def kubernetes_pins(releases: Mapping[str, KubernetesRelease], data_dir: Path = 
                   release.node_group_release in (amis.get(minor) or []))
         for addon, version in (("coredns", release.coredns), ("aws-ebs-csi-driver", release.ebs_csi_driver),
                                ("eks-pod-identity-agent", release.pod_identity_agent),
-                               ("snapshot-controller", release.snapshot_controller)):
+                               ("snapshot-controller", release.snapshot_controller),
+                               ("eks-node-monitoring-agent", release.node_monitoring_agent)):
             known = (addons.get(minor) or {}).get(addon) or []
             yield Pin(f"eks-addon/{minor}/{addon}={version}", where, version in known)
 
@@ -91,12 +92,17 @@ def _image_pin(reference: str, source: str, images: Mapping[str, Any]) -> Pin:
 
 
 def image_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
-    """Base images of every Dockerfile and the stacks' job images; the project's own images are not upstream."""
+    """Base images of every Dockerfile, images of chart-less add-ons and the stacks' job images; the project's own
+    images are not upstream."""
     images = _load("images.yaml", data_dir)
     project = tuple(f"{name}:" for name in images.get("project_images") or ())
     found: list[tuple[str, str]] = []
     for dockerfile in sorted(repo_root.glob("workloads/**/Dockerfile")):
         found += [(ref, str(dockerfile.relative_to(repo_root))) for ref in _FROM.findall(dockerfile.read_text())]
+    # Images of add-ons without a chart (platform/<add-on>/images.yaml: name -> reference).
+    for listing in sorted((repo_root / "platform").glob("*/images.yaml")):
+        found += [(str(ref), str(listing.relative_to(repo_root)))
+                  for ref in (yaml.safe_load(listing.read_text()) or {}).values()]
     for stack in sorted((repo_root / "stacks").glob("Pulumi.*.yaml")):
         jobs = ((yaml.safe_load(stack.read_text()) or {}).get("config") or {}).get("trainyard:workloads") or []
         found += [(str(job["image"]), str(stack.relative_to(repo_root))) for job in jobs if "image" in job]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from trainyard import names
 from trainyard.cloud.context import ClusterContext, PoolFacts
@@ -38,11 +39,10 @@ SCRIPT_KEY = "gpu-health-check.sh"
 EXPECTED_KEY = "expected.tsv"
 SCRIPT_DIR = "/opt/gpu-health"
 STATE_DIR = "/run/gpu-health"
-# The DCGM release the pinned GPU Operator chart (v26.7.0 values.yaml, dcgm.version) runs as its host engine.
-DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04"
-# kubectl with bash and jq (kubernetes/kubernetes#119592, images pushed from 1.28 on); 1.34.2 is the release the
-# pinned EKS AMIs run (config/releases.py), within kubectl's one-minor skew of both supported versions.
-KUBECTL_IMAGE = "registry.k8s.io/kubectl:v1.34.2"
+# Pinned, with their sources, in platform/gpu-health/images.yaml.
+IMAGES = yaml.safe_load((PLATFORM_DIR / "gpu-health" / "images.yaml").read_text(encoding="utf-8"))
+DCGM_IMAGE: str = IMAGES["dcgm"]
+KUBECTL_IMAGE: str = IMAGES["kubectl"]
 UNPRIVILEGED_USER = 65532
 # Written by the GPU Operator's validator (NVIDIA/gpu-operator validator, /run/nvidia/validations).
 VALIDATIONS_HOST_PATH = "/run/nvidia/validations"
