@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, release_of
 from trainyard.platform.registry import load_registry
 
@@ -101,6 +101,40 @@ def test_cilium_comes_before_every_other_release(stack: str) -> None:
     cilium = releases.pop(CNI_CHART)
     assert len(releases) >= 5
     assert sorted(chart for chart, urn in releases.items() if cilium not in upstream(recording, urn)) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: str) -> None:
+    """Edges from platform/addons.yaml: every in-cluster object of an add-on waits for the CNI's release and for
+    the first release of each add-on it `needs` that the stack turns on."""
+    recording = _recording(stack)
+    by_urn, releases = recording.by_urn(), releases_by_chart(recording)
+    enabled = {addon.name: addon for addon in REGISTRY.enabled(settings_of(read_stack(stack)))}
+    components = {(r.type, r.name): r.urn for r in recording.resources if r.type.startswith("trainyard:platform:")}
+
+    def addon_of(record: ResourceRecord) -> str | None:
+        parent = record.parent
+        while parent is not None:
+            name = next((a.name for a in enabled.values()
+                         if components.get((f"trainyard:platform:{a.type_name}", a.resource_name)) == parent), None)
+            if name is not None:
+                return name
+            parent = by_urn[parent].parent if parent in by_urn else None
+        return None
+
+    problems, checked = [], 0
+    for record in recording.resources:
+        name = addon_of(record) if record.type.startswith("kubernetes:") else None
+        if name is None:
+            continue
+        addon = enabled[name]
+        waits = [*(a.name for a in enabled.values() if a.cni and not addon.cni), *addon.needs]
+        for need in (n for n in waits if n in enabled and enabled[n].charts):
+            checked += 1
+            if releases[enabled[need].charts[0]] not in upstream(recording, record.urn):
+                problems.append(f"{record.urn} does not wait for {need}")
+    assert problems == []
+    assert checked > 0 or not any(a.cni or a.needs for a in enabled.values())
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
