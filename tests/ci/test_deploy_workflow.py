@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from trainyard.plan.duration import longest_create_chain
+from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import read_stack, render, settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,3 +56,25 @@ def test_credentials_outlive_the_first_up(stack: str) -> None:
     bound = longest_create_chain(render(read_stack(stack))).seconds
     assert bound > 3600, "the first up is longer than the 1 h default; the bound must show it"
     assert bound <= duration <= MAX_SESSION_SECONDS, (stack, bound, duration)
+
+
+def _record(type_: str, name: str, custom: bool = True, parent: str | None = None, provider: str | None = None,
+            deps: tuple[str, ...] = ()) -> ResourceRecord:
+    return ResourceRecord(urn=f"urn:pulumi:ci::trainyard::{type_}::{name}", type=type_, name=name, custom=custom,
+                          parent=parent, provider=provider, depends_on=deps, protect=False, retain_on_delete=False,
+                          deleted_with=None, inputs={})
+
+
+def test_the_bound_follows_what_the_engine_waits_on() -> None:
+    """A dependency on a component waits for its children, and a resource waits for its provider's inputs."""
+    component = _record("trainyard:cloud:EksCluster", "eks", custom=False)
+    cluster = _record("aws:eks/cluster:Cluster", "eks-cluster", parent=component.urn)
+    provider = _record("pulumi:providers:kubernetes", "k8s", deps=(cluster.urn,))
+    group = _record("aws:eks/nodeGroup:NodeGroup", "group", deps=(component.urn,))
+    namespace = _record("kubernetes:core/v1:Namespace", "ns", provider=provider.urn)
+    bound = longest_create_chain(Recording(resources=[group, namespace, provider, cluster, component]))
+    assert bound.path == (component.urn, cluster.urn, group.urn)
+    assert bound.seconds == 30 * 60 + 60 * 60
+    alone = longest_create_chain(Recording(resources=[namespace, provider, cluster, component]))
+    assert alone.path == (component.urn, cluster.urn, provider.urn, namespace.urn)
+    assert alone.seconds == 30 * 60 + 60  # configuring the provider calls no cloud API

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from trainyard.plan.chart_pods import chart_name, lookup
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.rehearse import Finding, creation_order, rehearse
+from trainyard.plan.rehearse import Finding, rehearse
 from trainyard.plan.runtime import available_stacks, read_stack, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,9 @@ from rehearsal_records import (
     release,
 )
 from trainyard.plan.cluster_model import Taint, Toleration, quantity
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.rehearse import Finding, creation_order, rehearse
+from trainyard.plan.rehearse import Finding, rehearse
 
 ROOK_VALUES = {
     "cephClusterSpec": {

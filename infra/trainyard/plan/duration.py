@@ -2,16 +2,16 @@
 
 Each resource costs the longest its create may take before the engine gives up: the provider's create timeout
 for slow AWS resources, a Helm release's own `timeout`, the await timeout for a PVC. The longest chain of such
-costs (edges: depends_on and parent links, as `bench/critical_path.py` draws them) bounds the run, since
+costs, along what the engine waits on (`engine_order`, the model the rehearsal walks), bounds the run, since
 everything off that chain runs beside it. The deploy workflow's credentials must outlive this bound.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
 
+from trainyard.plan.engine_order import creation_order, prerequisites
 from trainyard.plan.recording import Recording, ResourceRecord
 
 # Default create timeouts of pulumi-aws (bridged from terraform-provider-aws; registry.terraform.io resource
@@ -32,7 +32,8 @@ OTHER_SECONDS = 60
 
 
 def create_seconds(record: ResourceRecord) -> int:
-    if not record.custom:
+    # A provider resource is configured inside the engine's plugin (CheckConfig/Configure), with no cloud call.
+    if not record.custom or record.type.startswith("pulumi:providers:"):
         return 0
     if record.type == "kubernetes:helm.sh/v3:Release":
         return 0 if record.inputs.get("skipAwait") else int(record.inputs.get("timeout") or HELM_DEFAULT_TIMEOUT)
@@ -47,20 +48,19 @@ class Estimate:
     seconds: int
 
 
-def longest_create_chain(recording: Recording) -> Estimate:
-    """The chain of resources with the largest summed create bound (the graph is acyclic: Pulumi requires it)."""
-    by_urn = recording.by_urn()
-
-    @cache
-    def longest(urn: str) -> tuple[int, tuple[str, ...]]:
-        record = by_urn[urn]
-        edges = (*record.depends_on, *([record.parent] if record.parent else []))
-        best: tuple[int, tuple[str, ...]] = (0, ())
-        for dep in edges:
-            if dep in by_urn:
-                best = max(best, longest(dep))
-        return best[0] + create_seconds(record), (*best[1], urn)
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(by_urn)))
-    seconds, path = max((longest(urn) for urn in sorted(by_urn)), default=(0, ()))
+def longest_chain(records: Iterable[ResourceRecord], cost: Callable[[ResourceRecord], int]) -> Estimate:
+    """The chain of resources, each waiting on the one before, with the largest summed cost."""
+    records = list(records)
+    edges = prerequisites(records)
+    order, _ = creation_order(records)
+    best: dict[str, tuple[int, tuple[str, ...]]] = {}
+    for record in order:
+        seconds, path = max((best[urn] for urn in edges[record.urn]), default=(0, ()))
+        best[record.urn] = (seconds + cost(record), (*path, record.urn))
+    seconds, path = max(best.values(), default=(0, ()))
     return Estimate(path, seconds)
+
+
+def longest_create_chain(recording: Recording) -> Estimate:
+    """The chain of resources with the largest summed create bound."""
+    return longest_chain(recording.resources, create_seconds)
