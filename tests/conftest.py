@@ -7,13 +7,12 @@ any other skip is reported as a failure, so a missing tool or data set can never
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Generator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tool_scripts import load_tool
 from trainyard.plan.conformance import upstream_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,21 +24,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--stack", help="stack the cluster was deployed from (or $TRAINYARD_STACK; default dev)")
 
 
-def load_upstream_tool() -> ModuleType:
-    """tools/upstream.py as a module (tools/ is scripts, not a package)."""
-    if (loaded := sys.modules.get("trainyard_upstream_tool")) is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location("trainyard_upstream_tool", REPO / "tools" / "upstream.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     cache = upstream_dir(REPO)
-    if not load_upstream_tool().is_verified(cache):
+    if not load_tool("upstream").is_verified(cache):
         pytest.exit(f"upstream data in {cache} is missing or not verified against tools/upstream.lock.yaml: run "
                     "`python tools/upstream.py sync` (internet, or --from a mirror such as ../shared/upstream)",
                     returncode=2)
@@ -47,7 +34,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def upstream_tool() -> ModuleType:
-    return load_upstream_tool()
+    return load_tool("upstream")
 
 
 @pytest.hookimpl(wrapper=True)

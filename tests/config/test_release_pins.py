@@ -7,28 +7,17 @@ every run so the exceptions stay visible.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from tool_scripts import load_tool
 from trainyard.config.release_check import DATA_DIR, Pin, all_pins, kubernetes_pins, release_problems, unverified
 from trainyard.config.releases import KUBERNETES_RELEASES
 from trainyard.paths import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "releases"
-
-
-def _refresh_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("refresh_releases", REPO_ROOT / "tools" / "refresh_releases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_pin_is_confirmed_or_listed_as_unverified(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,21 +90,21 @@ def test_a_chart_or_image_not_in_the_data_is_caught(tmp_path: Path) -> None:
 
 
 def test_changelog_parser_reads_al2023_releases_per_minor() -> None:
-    parse = _refresh_tool().parse_eks_ami_changelog
+    parse = load_tool("refresh_releases").parse_eks_ami_changelog
     releases = parse((FIXTURES / "eks-ami-CHANGELOG.md").read_text(), ["1.33", "1.34", "1.35"])
     assert releases == {"1.33": ["1.33.13-20260714", "1.33.13-20260625"],
                         "1.34": ["1.34.9-20260714", "1.34.9-20260625"], "1.35": []}
 
 
 def test_addon_parser_keeps_versions_of_the_asked_kubernetes_version() -> None:
-    parse = _refresh_tool().parse_addon_versions
+    parse = load_tool("refresh_releases").parse_addon_versions
     text = (FIXTURES / "describe-addon-versions.json").read_text()
     assert parse(text, "1.34") == {"coredns": ["v1.12.4-eksbuild.10", "v1.12.4-eksbuild.2"]}
     assert parse(text, "1.33") == {"coredns": ["v1.12.4-eksbuild.2"]}
 
 
 def test_helm_index_and_registry_tag_parsers() -> None:
-    tool = _refresh_tool()
+    tool = load_tool("refresh_releases")
     assert tool.parse_helm_index((FIXTURES / "helm-index.yaml").read_text(), "cilium") == ["1.20.1", "1.20.0",
                                                                                            "1.19.4"]
     assert tool.parse_registry_tags((FIXTURES / "registry-tags.json").read_text()) == ["1.14.1", "1.14.0",
