@@ -69,6 +69,7 @@ def test_catalogue_is_not_empty() -> None:
         "gpu.rules.yaml",
         "training.rules.yaml",
         "cluster.rules.yaml",
+        "gpu-health.rules.yaml",
     }
     assert len(TEST_FILES) == len(RULE_FILES)
 

@@ -262,3 +262,13 @@ def test_listed_trainer_metrics_are_the_ones_the_trainer_exports() -> None:
     for name in yaml.safe_load(LISTED_METRICS.read_text())["trainer"]:
         # prometheus_client appends _total to counters itself.
         assert f'"{name.removesuffix("_total")}"' in source, name
+
+
+def test_gpu_nodes_dashboard_shows_admission_repair_and_xids() -> None:
+    queries = dashboard_queries(_load(DASHBOARD_DIR / "gpu-nodes.json"))
+    used = {name for query in queries for name in metric_names(query)}
+    assert {"kube_node_spec_taint", "karpenter_nodeclaims_unhealthy_disrupted_total", "kube_node_status_condition",
+            "DCGM_FI_DEV_XID_ERRORS"} <= used
+    # Both admission taints (platform/gpu-health/gpu-health-check.sh): held and failed.
+    assert any('key="trainyard.io/gpu-health"' in query for query in queries)
+    assert any('key="trainyard.io/gpu-health-failed"' in query for query in queries)
