@@ -282,10 +282,11 @@ def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
     for spec in datasets.values():
         assert spec["mounts"] == [{"mountPoint": "dataset://trainyard-data/training-data", "readOnly": True}]
         assert spec["accessModes"] == ["ReadOnlyMany"]
-    # The runtime's pods run as the dataset namespace's default account: the one the pod identity names.
-    associations = [r.inputs for r in _recording(stack).resources if r.name.startswith("alluxio")
-                    and r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"]
-    assert [(a["namespace"], a["serviceAccount"]) for a in associations] == [("trainyard-data", "default")]
+    # The runtime's pods run as the dataset namespace's default account: the one annotated with the IRSA role.
+    (account,) = [a for a in _objects(stack, "ServiceAccountPatch") if a["metadata"]["namespace"] == "trainyard-data"]
+    assert account["metadata"]["name"] == "default"
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f"role/trainyard-{stack}-alluxio")
+    assert {runtime["spec"][part]["networkMode"] for part in ("master", "worker", "fuse")} == {"ContainerNetwork"}
 
 
 # -------------------------------------------------------------------------------------------- Monitoring

@@ -16,11 +16,14 @@ from trainyard.cloud.cluster import EksCluster, EksClusterArgs
 from trainyard.cloud.context import ClusterContext, ControlPlane, KarpenterFacts, PoolFacts
 from trainyard.cloud.iam import (
     EBS_CSI_MANAGED_POLICY,
+    IRSA_AUDIENCE,
     NODE_MANAGED_POLICIES,
     PodIdentityRole,
     PodIdentityRoleArgs,
     ServiceRole,
     ServiceRoleArgs,
+    WebIdentityRole,
+    WebIdentityRoleArgs,
     alluxio_policy,
     cilium_operator_policy,
     trainer_policy,
@@ -102,14 +105,25 @@ def build_aws(settings: Settings) -> ControlPlane:
     identities = [
         identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,), cilium_operator_policy(region)),
         identity("ebs-csi", "ebs-csi", (names.EBS_CSI,), managed=(EBS_CSI_MANAGED_POLICY,)),
-        identity("alluxio", "alluxio", (names.ALLUXIO,),
-                 alluxio_policy(datasets.bucket.arn, datasets.kms.key.arn, settings.addons.alluxio.dataset_prefix)),
         identity("trainer", "trainer",
                  tuple(names.ServiceAccountRef(t.namespace_name, names.TRAINER_SERVICE_ACCOUNT)
                        for t in settings.tenants),
                  trainer_policy(checkpoints.bucket.arn, checkpoints.kms.key.arn, datasets.bucket.arn,
                                 datasets.kms.key.arn)),
     ]
+
+    # Alluxio's S3 client is the AWS Java SDK v1 of Fluid 1.0.8's default image (alluxio/alluxio-dev:2.9.0, from
+    # 2022), older than the first v1 release that reads Pod Identity credentials (1.12.746, EKS user guide
+    # "pod-id-minimum-sdk"); its default chain does read web identity tokens (aws-java-sdk-sts, Alluxio PR 13173).
+    # So Alluxio alone gets its role through IRSA: the cluster's OIDC provider and a role trusted for its account.
+    issuer = cluster.identities[0].oidcs[0].issuer.apply(lambda url: url or "")
+    oidc = aws.iam.OpenIdConnectProvider("eks-oidc", url=issuer, client_id_lists=[IRSA_AUDIENCE], tags=tags,
+                                         opts=on_aws)
+    dataset_cache = WebIdentityRole("alluxio", WebIdentityRoleArgs(
+        provider_arn=oidc.arn, issuer=issuer, role_name=physical(settings, "alluxio"),
+        service_accounts=(names.ALLUXIO,),
+        policy=alluxio_policy(datasets.bucket.arn, datasets.kms.key.arn, settings.addons.alluxio.dataset_prefix),
+        tags=tags), opts=on_aws)
 
     gpu_pools = settings.pools("gpu")
     karpenter = KarpenterInfra("karpenter", KarpenterInfraArgs(
@@ -136,7 +150,7 @@ def build_aws(settings: Settings) -> ControlPlane:
 
     ready: tuple[pulumi.Resource, ...] = (
         *eks.access, karpenter.node_access, *early_addons.addons.values(),
-        *(a for i in identities for a in i.associations),
+        *(a for i in identities for a in i.associations), *dataset_cache.grants,
     )
     # Plain strings where the physical name is known up front, so the plan shows real names in Helm values;
     # ordering comes from `ready` (access entries and pod identity associations depend on these).
@@ -151,6 +165,7 @@ def build_aws(settings: Settings) -> ControlPlane:
         kubeconfig=eks.kubeconfig,
         dataset_bucket=datasets.bucket.bucket,
         checkpoint_bucket=checkpoints.bucket.bucket,
+        dataset_cache_role_arn=dataset_cache.role.arn,
         karpenter=KarpenterFacts(interruption_queue=karpenter.queue_name, node_role=karpenter.node_role_name,
                                  discovery_tag=name, ami_alias=release.karpenter_ami_alias),
         aws_provider=provider,

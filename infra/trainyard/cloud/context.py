@@ -66,6 +66,8 @@ class ClusterContext:
     kubeconfig: pulumi.Output[str] | None = None
     dataset_bucket: pulumi.Input[str] | None = None
     checkpoint_bucket: pulumi.Input[str] | None = None
+    # IRSA role of the dataset cache's service account (names.ALLUXIO), annotated on it by the platform.
+    dataset_cache_role_arn: pulumi.Input[str] | None = None
     karpenter: KarpenterFacts | None = None
     # The AWS provider every AWS resource uses (made from the validated region); None on the local target.
     aws_provider: pulumi.ProviderResource | None = None

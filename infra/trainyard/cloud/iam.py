@@ -22,6 +22,10 @@ from trainyard.names import ServiceAccountRef
 Policy = dict[str, Any]
 
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+# IAM roles for service accounts: the audience EKS puts in projected service account tokens (EKS user guide,
+# "Create an IAM OIDC provider for your cluster" / "Assign IAM roles to Kubernetes service accounts").
+IRSA_AUDIENCE = "sts.amazonaws.com"
+IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 EBS_CSI_MANAGED_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 NODE_MANAGED_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
@@ -71,6 +75,18 @@ def pod_identity_trust(cluster_arn: pulumi.Input[str], service_accounts: Sequenc
         "Condition": {"StringEquals": {f"aws:RequestTag/{TAG_CLUSTER_ARN}": cluster_arn,
                                        f"aws:RequestTag/{TAG_NAMESPACE}": sa.namespace,
                                        f"aws:RequestTag/{TAG_SERVICE_ACCOUNT}": sa.name}},
+    } for sa in service_accounts))
+
+
+def web_identity_trust(provider_arn: str, issuer: str, service_accounts: Sequence[ServiceAccountRef]) -> Policy:
+    """Only these service accounts' tokens from this cluster's OIDC issuer, for STS, may assume the role
+    (EKS user guide, "Configure a role trust policy" for IRSA: the `:sub` and `:aud` conditions)."""
+    host = issuer.removeprefix("https://")
+    return document(*({
+        "Effect": "Allow", "Principal": {"Federated": provider_arn},
+        "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {"StringEquals": {f"{host}:sub": f"system:serviceaccount:{sa.namespace}:{sa.name}",
+                                       f"{host}:aud": IRSA_AUDIENCE}},
     } for sa in service_accounts))
 
 
@@ -208,4 +224,34 @@ class ServiceRole(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(f"{name}-managed-{i}", role=self.role.name, policy_arn=arn, opts=child)
             for i, arn in enumerate(args.managed_policy_arns)
         ]
+        self.register_outputs({"roleArn": self.role.arn})
+
+
+@dataclass(frozen=True)
+class WebIdentityRoleArgs:
+    """A role assumed with a service account token (IRSA), for clients whose AWS SDK predates Pod Identity."""
+
+    provider_arn: pulumi.Input[str]
+    issuer: pulumi.Input[str]
+    role_name: str
+    service_accounts: tuple[ServiceAccountRef, ...]
+    policy: Policy
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class WebIdentityRole(pulumi.ComponentResource):
+    """An IAM role trusted through the cluster's OIDC provider, with its inline permissions."""
+
+    role: aws.iam.Role
+    grants: list[pulumi.Resource]
+
+    def __init__(self, name: str, args: WebIdentityRoleArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainyard:cloud:WebIdentityRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        trust = pulumi.Output.all(args.provider_arn, args.issuer).apply(
+            lambda values: web_identity_trust(values[0], values[1], args.service_accounts))
+        self.role = aws.iam.Role(f"{name}-role", name=args.role_name,
+                                 assume_role_policy=pulumi.Output.json_dumps(trust), tags=args.tags, opts=child)
+        self.grants = [aws.iam.RolePolicy(f"{name}-policy", role=self.role.name,
+                                          policy=pulumi.Output.json_dumps(args.policy), opts=child)]
         self.register_outputs({"roleArn": self.role.arn})

@@ -17,8 +17,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.cloud.iam import IRSA_ROLE_ANNOTATION
 from trainyard.config.model import AlluxioSettings, Settings
-from trainyard.names import DATASET_NAMESPACE, ROLE_LABEL
+from trainyard.names import ALLUXIO, DATASET_NAMESPACE, ROLE_LABEL
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
@@ -44,6 +45,8 @@ class AlluxioArgs:
     storage_pools: tuple[PoolFacts, ...]
     # One cache worker per storage node that always runs (the storage pools' minimum size).
     workers: int
+    # IRSA role the dataset namespace's service account is annotated with (the cache's S3 credentials).
+    role_arn: pulumi.Input[str]
     # Tenant namespace -> what must exist before a Dataset can go in it.
     tenant_namespaces: Mapping[str, Sequence[pulumi.Resource]]
     depends_on: Sequence[pulumi.Resource] = ()
@@ -59,8 +62,8 @@ def source_dataset(mount_point: pulumi.Input[str], args: AlluxioArgs) -> dict[st
         "kind": "Dataset",
         "metadata": {"name": DATASET_NAME, "namespace": DATASET_NAMESPACE, "labels": labels(DATASET_NAME, "data")},
         "spec": {
-            # No access keys: Alluxio's S3 client falls back to the AWS default credential chain, which picks up
-            # the pod identity the cloud layer associates with the namespace's service account (names.ALLUXIO).
+            # No access keys: Alluxio's S3 client (AWS SDK v1) reads the web identity token EKS projects into pods
+            # of the IRSA-annotated service account (names.ALLUXIO); see cloud/aws.py for why not Pod Identity.
             "mounts": [{"name": "s3", "mountPoint": mount_point, "readOnly": True,
                         "options": {"alluxio.underfs.s3.region": args.region}}],
             "accessModes": ["ReadOnlyMany"],
@@ -85,7 +88,12 @@ def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
             "tieredstore": {"levels": [
                 {"mediumtype": "MEM", "path": "/dev/shm", "quota": cache.memory_cache, "high": _HIGH, "low": _LOW},
             ]},
-            "worker": {"nodeSelector": {ROLE_LABEL: "storage"}},
+            # Pod network, not the host's: with IMDSv2 limited to one hop a pod cannot reach the node role, so a
+            # credential problem fails loudly instead of silently reading S3 as the node (which has no right on
+            # the bucket). Fluid's default for Alluxio is the host network (AlluxioRuntime networkMode).
+            "master": {"networkMode": "ContainerNetwork"},
+            "worker": {"nodeSelector": {ROLE_LABEL: "storage"}, "networkMode": "ContainerNetwork"},
+            "fuse": {"networkMode": "ContainerNetwork"},
         },
     }
 
@@ -113,8 +121,16 @@ class Alluxio(pulumi.ComponentResource):
             opts=k8s_options(cluster, self, args.depends_on))
         mount_point = pulumi.Output.from_input(args.bucket).apply(
             lambda bucket: s3_mount_point(bucket, args.settings.dataset_prefix))
+        # The runtime's pods run as the namespace's default account (names.ALLUXIO); EKS injects the IRSA token
+        # into pods of an account carrying the role annotation, so the annotation comes before any pod.
+        account = k8s.core.v1.ServiceAccountPatch(
+            f"{name}-service-account",
+            metadata={"name": ALLUXIO.name, "namespace": ALLUXIO.namespace,
+                      "annotations": {IRSA_ROLE_ANNOTATION: args.role_arn}},
+            opts=k8s_options(cluster, self, [namespace]))
         crds = [self.release, namespace]
-        runtime = custom_resource(f"{name}-runtime", alluxio_runtime(args), k8s_options(cluster, self, crds))
+        runtime = custom_resource(f"{name}-runtime", alluxio_runtime(args),
+                                  k8s_options(cluster, self, [*crds, account]))
         source = custom_resource(f"{name}-dataset", source_dataset(mount_point, args),
                                  k8s_options(cluster, self, crds))
         self.tenant_datasets = [
@@ -128,13 +144,14 @@ class Alluxio(pulumi.ComponentResource):
 
 def build(ctx: AddonContext) -> Alluxio:
     cluster = ctx.cluster
-    if cluster.dataset_bucket is None or cluster.region is None:
-        raise ValueError("Alluxio needs the AWS target's dataset bucket and region (ClusterContext)")
+    if cluster.dataset_bucket is None or cluster.region is None or cluster.dataset_cache_role_arn is None:
+        raise ValueError("Alluxio needs the AWS target's dataset bucket, region and cache role (ClusterContext)")
     return Alluxio(ctx.addon.resource_name, AlluxioArgs(
         chart=ctx.chart("fluid"), cluster=cluster, settings=ctx.settings(AlluxioSettings),
         bucket=cluster.dataset_bucket, region=cluster.region, gpu_pools=cluster.pools_with("gpu"),
         storage_pools=cluster.pools_with("storage"),
         workers=max(1, sum(pool.min_size for pool in ctx.stack.pools("storage"))),
+        role_arn=cluster.dataset_cache_role_arn,
         tenant_namespaces={facts.namespace: facts.ready for facts in ctx.tenants.values()},
         depends_on=ctx.after))
 
