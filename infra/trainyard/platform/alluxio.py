@@ -90,7 +90,8 @@ def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
             ]},
             # Pod network, not the host's: with IMDSv2 limited to one hop a pod cannot reach the node role, so a
             # credential problem fails loudly instead of silently reading S3 as the node (which has no right on
-            # the bucket). Fluid's default for Alluxio is the host network (AlluxioRuntime networkMode).
+            # the bucket). Set explicitly (AlluxioRuntime `networkMode`, enum HostNetwork | ContainerNetwork in the
+            # 1.0.8 CRD) rather than left to Fluid's default, which the review reports as the host network.
             "master": {"networkMode": "ContainerNetwork"},
             "worker": {"nodeSelector": {ROLE_LABEL: "storage"}, "networkMode": "ContainerNetwork"},
             "fuse": {"networkMode": "ContainerNetwork"},
