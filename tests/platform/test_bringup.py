@@ -15,6 +15,7 @@ from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.load import parse_settings
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.plan.writers import HELM_RELEASE, release_of
@@ -83,16 +84,9 @@ def test_rook_creates_osds_on_the_storage_pool_and_only_there(stack: str) -> Non
         assert storage_pools and eligible == storage_pools, (daemon, eligible)
 
 
-def _upstream(recording: Recording, urn: str) -> set[str]:
-    """Everything `urn` waits for: depends_on and parents, transitively."""
-    by_urn, seen, todo = recording.by_urn(), set(), [urn]
-    while todo:
-        record = by_urn.get(todo.pop())
-        for nxt in (*record.depends_on, *([record.parent] if record.parent else [])) if record else ():
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
+def _upstream(recording: Recording, urn: str) -> frozenset[str]:
+    """Everything the engine finishes before it starts `urn` (depends_on, parents, providers, transitively)."""
+    return creation_order(recording.resources)[1][urn]
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)

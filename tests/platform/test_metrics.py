@@ -14,6 +14,7 @@ import pytest
 import yaml
 from trainyard.config import Settings
 from trainyard.plan.conformance import upstream_dir
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
@@ -55,15 +56,9 @@ def _releases(recording: Recording) -> dict[str, ResourceRecord]:
     return {release_of(r)["chart"].rsplit("/", 1)[-1]: r for r in recording.resources if r.type == HELM_RELEASE}
 
 
-def _upstream(recording: Recording, urn: str) -> set[str]:
-    by_urn, seen, todo = recording.by_urn(), set(), [urn]
-    while todo:
-        record = by_urn.get(todo.pop())
-        for nxt in (*record.depends_on, *([record.parent] if record.parent else [])) if record else ():
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
+def _upstream(recording: Recording, urn: str) -> frozenset[str]:
+    """Everything the engine finishes before it starts `urn` (depends_on, parents, providers, transitively)."""
+    return creation_order(recording.resources)[1][urn]
 
 
 def _get(values: Mapping[str, Any], dotted: str) -> Any:

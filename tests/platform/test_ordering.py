@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, release_of
@@ -42,20 +43,9 @@ def group_of(record: ResourceRecord) -> str:
     return record.type.split(":", 2)[1].rsplit("/", 1)[0]
 
 
-def upstream(recording: Recording, urn: str) -> set[str]:
-    """Everything `urn` waits for: its depends_on, its parents' depends_on, and theirs, transitively."""
-    by_urn = recording.by_urn()
-    seen: set[str] = set()
-    todo = [urn]
-    while todo:
-        record = by_urn.get(todo.pop())
-        if record is None:
-            continue
-        for nxt in (*record.depends_on, *([record.parent] if record.parent else [])):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
+def upstream(recording: Recording, urn: str) -> frozenset[str]:
+    """Everything the engine finishes before it starts `urn` (depends_on, parents, providers, transitively)."""
+    return creation_order(recording.resources)[1][urn]
 
 
 def releases_by_chart(recording: Recording) -> dict[str, str]:
