@@ -59,7 +59,7 @@ def consumed(reader: ShardReader, world_size: int, step: int) -> list[tuple[int,
     """(shard, index) of every sample step ``step`` reads, rank by rank, from the tokens themselves."""
     rows = []
     for rank in range(world_size):
-        for inputs, _ in loader(reader, world_size, rank).step_batches(step):
+        for inputs, _ in loader(reader, world_size, rank).step_batches(step * 24):
             rows += [(int(row[0]), int(row[1])) for row in inputs]
     return rows
 
@@ -90,7 +90,7 @@ def test_record_ids_match_positions_across_epochs() -> None:
 
 
 def test_rank_slices_tile_the_step() -> None:
-    slices = [rank_slice(4, 24, 3, r) for r in range(3)]
+    slices = [rank_slice(96, 24, 3, r) for r in range(3)]
     assert slices == [(96, 8), (104, 8), (112, 8)]
     with pytest.raises(ValueError, match="does not split"):
         rank_slice(0, 24, 5, 0)

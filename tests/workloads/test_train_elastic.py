@@ -212,37 +212,28 @@ def test_checkpoint_layout_matches_readme(tmp_path: Path) -> None:
 
 
 def test_resize_two_one_three_reads_every_sample_once_per_epoch(tmp_path: Path) -> None:
-    """2 -> 1 -> 3 ranks over 2 shards (3 ranks > shards): the record ids each rank actually read, step by
-    step, form one permutation of all records per epoch: none repeated, none skipped, across resizes."""
+    """2 -> 1 -> 3 ranks over 2 shards (3 ranks > shards), then 1 rank with a smaller global batch: the
+    record ids each rank actually read, step by step, form one permutation of all records per epoch: none
+    repeated, none skipped, across resizes and a batch-size change."""
     run_dir = tmp_path / "run"
-    shards, per_shard, batch = 2, 64, 24  # 128 records; 24-sample steps straddle epoch boundaries
-    common = [
-        f"data.num_shards={shards}",
-        f"data.records_per_shard={per_shard}",
-        "data.trace=true",
-        f"train.global_batch_size={batch}",
-        "train.micro_batch_size=4",
-        "checkpoint.interval_steps=1000",
-    ]
-    for nproc, until in ((2, 8), (1, 14), (3, 20)):
-        run(run_dir, [*common, f"train.steps={until}"], nproc=nproc)
+    shards, per_shard = 2, 64  # 128 records; 24-sample steps straddle epoch boundaries
+    common = [f"data.num_shards={shards}", f"data.records_per_shard={per_shard}", "data.trace=true",
+              "train.micro_batch_size=4", "checkpoint.interval_steps=1000"]  # fmt: skip
+    phases = ((2, 8, 24), (1, 14, 24), (3, 20, 24), (1, 24, 8))  # (ranks, until step, global batch)
+    for nproc, until, batch in phases:
+        run(run_dir, [*common, f"train.global_batch_size={batch}", f"train.steps={until}"], nproc=nproc)
 
-    entries = [
-        json.loads(line)
-        for f in sorted((run_dir / "trace").glob("rank-*.jsonl"))
-        for line in f.read_text().splitlines()
-    ]
+    entries = [json.loads(line) for f in sorted((run_dir / "trace").glob("rank-*.jsonl"))
+               for line in f.read_text().splitlines()]  # fmt: skip
     by_step: dict[int, dict[int, list[int]]] = {}
     for e in entries:
         assert e["rank"] not in by_step.setdefault(e["step"], {}), f"step {e['step']} read twice"
         by_step[e["step"]][e["rank"]] = e["records"]
-    assert sorted(by_step) == list(range(1, 21))
+    assert sorted(by_step) == list(range(1, 25))
     world = {s: len(ranks) for s, ranks in by_step.items()}
-    assert [world[s] for s in (1, 8, 9, 14, 15, 20)] == [2, 2, 1, 1, 3, 3]
+    assert [world[s] for s in (1, 8, 9, 14, 15, 20, 21, 24)] == [2, 2, 1, 1, 3, 3, 1, 1]
     stream = [r for s in sorted(by_step) for rank in sorted(by_step[s]) for r in by_step[s][rank]]
-    assert len(stream) == 20 * batch
     total = shards * per_shard
-    for epoch in range(len(stream) // total):
+    assert len(stream) == 20 * 24 + 4 * 8 == 4 * total
+    for epoch in range(4):
         assert sorted(stream[epoch * total : (epoch + 1) * total]) == list(range(total)), epoch
-    tail = stream[(len(stream) // total) * total :]
-    assert len(set(tail)) == len(tail)  # the unfinished epoch has no repeat either

@@ -12,9 +12,9 @@ CPU steps.
 
 Order. Records are numbered globally (``shard * records_per_shard + index``). Epoch ``e`` visits all of
 them in one permutation seeded by ``(seed, e)``; the run reads that sequence front to back, so the data
-position is a single number, the samples consumed, independent of the world size. Step ``s`` takes
-positions ``[s*G, (s+1)*G)`` (``G`` = global batch); rank ``r`` takes its contiguous share of them and
-splits it into micro-batches. A resize changes only how a step's positions are split, never which
+position is a single number, the samples consumed ``p``, independent of the world size. A step takes
+positions ``[p, p+G)`` (``G`` = global batch); rank ``r`` takes its contiguous share of them and splits it
+into micro-batches. A resize changes only how a step's positions are split, never which
 positions a step consumes, so a resumed run neither repeats nor skips a sample, whatever the world size
 and however it relates to the shard count.
 """
@@ -162,12 +162,12 @@ class GlobalOrder:
         return ids
 
 
-def rank_slice(step: int, global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
-    """(first global position, count) this rank consumes at optimizer step ``step`` (0-based)."""
+def rank_slice(position: int, global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
+    """(first global position, count) this rank consumes in the step that starts at ``position``."""
     per_rank, rem = divmod(global_batch, world_size)
     if rem:
         raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
-    return step * global_batch + rank * per_rank, per_rank
+    return position + rank * per_rank, per_rank
 
 
 class StepLoader:
@@ -200,8 +200,9 @@ class StepLoader:
         self._turn = 0
         self.last_record_ids = np.empty(0, dtype=np.int64)
 
-    def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        start, count = rank_slice(step, self.global_batch, self.world_size, self.rank)
+    def step_batches(self, position: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro-batches of the step that starts at global sample ``position``."""
+        start, count = rank_slice(position, self.global_batch, self.world_size, self.rank)
         ids = self.order.record_ids(start, count)
         self.last_record_ids = ids
         turn, self._turn = self._turn, 1 - self._turn

@@ -155,11 +155,9 @@ class Trainer:
         self.progress = ProgressLog(cfg.progress_file if env.is_main else None)
         self.metrics = TrainMetrics()
         self.step = 0
-
-    @property
-    def samples(self) -> int:
-        """The data position: samples consumed, the same number at every world size."""
-        return self.step * self.cfg.train.global_batch_size
+        self.samples = 0
+        """The data position: samples consumed, the same number at every world size (and if the global
+        batch size changes between runs, the next step still starts where the last one ended)."""
 
     # -- checkpoint state -------------------------------------------------------------------------
 
@@ -203,6 +201,7 @@ class Trainer:
             )
             self.scheduler.load_state_dict(state["scheduler"])
             self.step = int(state["progress"]["step"])
+            self.samples = int(state["progress"]["samples"])
             changed = changed_keys(yaml.safe_load(state["config"]), yaml.safe_load(self.cfg.to_yaml()))
             if changed:
                 log.warning(kv("config_changed_since_checkpoint", keys=",".join(changed), using="current"))
@@ -234,7 +233,7 @@ class Trainer:
     def _train_step(self) -> tuple[float, bool]:
         cfg, device = self.cfg, self.rt.device
         self.model.train()
-        batches = self.loader.step_batches(self.step)
+        batches = self.loader.step_batches(self.samples)
         if self.trace_file is not None:
             self._trace(self.loader.last_record_ids.tolist())
         loss_sum = torch.zeros((), device=device)
@@ -252,6 +251,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.samples += cfg.train.global_batch_size
         stats = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=device)])
         dist.all_reduce(stats, group=self.rt.device_group)
         loss_total, votes = stats.tolist()  # the step's one host sync
