@@ -1,7 +1,11 @@
 """Entry point wiring: config → process group → Trainer → exit code.
 
-    torchrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
-        --max-restarts=10 -m trainyard_train --config configs/gpt-small.yaml train.steps=20000
+    python -m trainyard_train.preflight "$@" && exec torchrun "$@"    # the job's launch line, where "$@" is
+    --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \
+        --rdzv-conf=last_call_timeout=5 --max-restarts=10 -m trainyard_train --config configs/gpt-small.yaml
+
+A config error is one line and exit 2 (preflight.py); a stop signal ends in one committed checkpoint and no
+torchrun restart (signals.py).
 """
 
 from __future__ import annotations
