@@ -45,10 +45,6 @@ class InstanceType:
     efa_interfaces: int = 0
 
     @property
-    def nvme_total_gb(self) -> int:
-        return self.nvme_devices * self.nvme_device_gb
-
-    @property
     def family(self) -> str:
         return self.name.split(".", 1)[0]
 

@@ -126,7 +126,6 @@ Region = Annotated[str, Field(pattern=_REGION.pattern)]
 PrincipalArn = Annotated[str, Field(pattern=_ARN_PRINCIPAL.pattern)]
 RoleArn = Annotated[str, Field(pattern=_ARN_ROLE.pattern)]
 # Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
-NonNegative = Annotated[int, Field(ge=0, le=100_000)]
 Positive = Annotated[int, Field(gt=0, le=100_000)]
 # Nodes per pool: an EKS managed node group holds at most 450 nodes by default
 # (https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html); Karpenter pools get the same bound.
