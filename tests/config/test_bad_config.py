@@ -162,6 +162,8 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "5"),
     ("health-without-gpu-operator", _set("addons.gpuOperator.enabled", False), "trainyard:addons.gpuHealth.enabled",
      "GPU Operator"),
+    ("cache-larger-than-storage-memory", _set("addons.alluxio.memoryCache", "200Gi"),
+     "trainyard:addons.alluxio.memoryCache", "half of the smallest storage node"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
 ]

@@ -289,7 +289,28 @@ def _addons(s: Settings) -> Iterator[Problem]:
         if s.environment == "prod" and a.rook_ceph.replicas < 3:
             yield Problem("addons.rookCeph.replicas", "prod keeps at least 3 replicas")
     if a.alluxio.enabled and not s.pools("gpu"):
-        yield Problem("addons.alluxio.enabled", "the dataset cache runs on GPU nodes' NVMe: add a 'gpu' pool")
+        yield Problem("addons.alluxio.enabled", "the dataset cache serves GPU jobs: add a 'gpu' pool")
+    if s.target == "aws" and a.alluxio.enabled:
+        yield from _cache_on_storage_nodes(s)
+
+
+# The cache workers share storage nodes with Ceph (OSDs, MDS): their memory tier may take half of the smallest
+# node's memory, leaving the rest to Ceph and the kubelet.
+CACHE_MEMORY_SHARE = Decimal("0.5")
+
+
+def _cache_on_storage_nodes(s: Settings) -> Iterator[Problem]:
+    """Alluxio's workers run on the storage pool (never on GPU nodes), one per always-on node, in memory."""
+    storage = s.pools("storage")
+    if not storage or sum(p.min_size for p in storage) == 0:
+        yield Problem("addons.alluxio.enabled", "the cache workers run on the 'storage' pool: it needs minSize >= 1")
+        return
+    types = [t for p in storage for t in _pool_types(p)]
+    smallest = min(t.memory_gib for t in types) if types else 0
+    limit = Decimal(smallest) * CACHE_MEMORY_SHARE * 2**30
+    if smallest and _quantity(s.addons.alluxio.memory_cache) > limit:
+        yield Problem("addons.alluxio.memoryCache", f"{s.addons.alluxio.memory_cache} is more than half of the "
+                                                    f"smallest storage node's memory ({smallest}Gi), which Ceph shares")
 
 
 def _buckets(s: Settings) -> Iterator[Problem]:
