@@ -28,6 +28,7 @@ REGISTRY = load_registry(REPO_ROOT)
 # CRD group -> chart of the release that installs it (platform/addons.yaml `crds`).
 CRD_OWNERS = REGISTRY.crd_owners()
 CNI_CHART = next(addon.charts[0] for addon in REGISTRY.addons if addon.cni)
+WORKLOAD_KINDS = frozenset(("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod"))
 NODE_CAPACITY_KINDS = frozenset(("kubernetes:karpenter.sh/v1:NodePool", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass",
                                  "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"))
 PROMETHEUS_KINDS = frozenset(("ServiceMonitor", "PodMonitor", "PrometheusRule"))
@@ -95,8 +96,9 @@ def test_cilium_comes_before_every_other_release(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: str) -> None:
-    """Edges from platform/addons.yaml: every in-cluster object of an add-on waits for the CNI's release and for
-    the first release of each add-on it `needs` that the stack turns on."""
+    """Edges from platform/addons.yaml: what an add-on runs (its releases and workloads) and its custom resources
+    wait for the CNI's release and the first release of each add-on it `needs` that the stack turns on. Objects
+    that only describe (RBAC, ConfigMaps, namespaces) may be created earlier."""
     recording = _recording(stack)
     by_urn, releases = recording.by_urn(), releases_by_chart(recording)
     enabled = {addon.name: addon for addon in REGISTRY.enabled(settings_of(read_stack(stack)))}
@@ -114,7 +116,9 @@ def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: str) -> None:
 
     problems, checked = [], 0
     for record in recording.resources:
-        name = addon_of(record) if record.type.startswith("kubernetes:") else None
+        runs = record.type == HELM_RELEASE or record.type.rsplit(":", 1)[-1] in WORKLOAD_KINDS or (
+            is_kubernetes_object(record) and group_of(record) not in BUILTIN_GROUPS)
+        name = addon_of(record) if runs else None
         if name is None:
             continue
         addon = enabled[name]
