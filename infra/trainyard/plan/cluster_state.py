@@ -79,7 +79,6 @@ class ClusterState:
     scheduler: SchedulerConfig | None
     overlay_gate: bool  # Karpenter's NodeOverlay feature gate (alpha, off in the 1.14 chart)
     overlays: tuple[str, ...]  # NodeOverlay names present
-    existing_cluster: bool = False  # a cluster the stack does not create (local/kind)
     ceph: Ceph | None = None
 
 
@@ -119,7 +118,7 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
         cni=cni, pools=tuple(pools), charts=frozenset(charts), eks_addons=addons,
         storage_classes=classes_by_name, default_class=default,
         scheduler=_scheduler(charts["volcano"]) if "volcano" in charts else None,
-        overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), existing_cluster=existing, ceph=ceph)
+        overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), ceph=ceph)
 
 
 @functools.cache
