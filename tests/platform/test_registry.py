@@ -72,6 +72,8 @@ def test_every_addon_comes_after_what_it_waits_for() -> None:
     ("addons:\n  one: {charts: [one], scrape: [{name: x, port: metrics}]}\n  two: {charts: [two]}\n",
      r"addons\.one\.scrape\[0\]: expected name, selector, port"),
     ("addons:\n  node-problem-detector: {charts: [one]}\n  two: {charts: [two]}\n", r"in camelCase"),
+    ("addons:\n  one: {charts: [one]}\n  two: {charts: [two]}\n  three: {charts: [], component: chart_addon, "
+     "scrape: [{name: x, selector: {a: b}, port: metrics}]}\n", r"addons\.three\.scrape: scraped Services live in"),
     ("addons:\n  one: {charts: [one], cni: true}\n  two: {charts: [two], cni: true}\n",
      r"at most one add-on is the CNI"),
 ])

@@ -102,6 +102,9 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> Addon:
     for key in ("cni", "afterTenants", "switch"):
         if not isinstance(entry.get(key, False), bool):
             raise CatalogueError(f"{at}.{key}: expected true or false")
+    if entry.get("scrape") and not charts:
+        raise CatalogueError(f"{at}.scrape: scraped Services live in the namespace of the add-on's first chart; "
+                             "an add-on without charts creates its own ServiceMonitors")
     scrape_namespace = catalogue.chart(charts[0]).namespace if charts else ""
     addon = Addon(
         name=name, charts=charts, code=_code(at, entry.get("component"), charts),
