@@ -237,3 +237,16 @@ def test_resize_two_one_three_reads_every_sample_once_per_epoch(tmp_path: Path) 
     assert len(stream) == 20 * 24 + 4 * 8 == 4 * total
     for epoch in range(4):
         assert sorted(stream[epoch * total : (epoch + 1) * total]) == list(range(total)), epoch
+
+
+def test_async_checkpoints_commit_in_the_background_on_two_ranks(tmp_path: Path) -> None:
+    """Async saves (DCP's background thread on the gloo group, rank 0's checksum-and-commit thread) under a
+    default group that refuses CPU tensors: every interval commits, and the run resumes from the last."""
+    run_dir = tmp_path / "run"
+    overrides = ["checkpoint.interval_steps=5", "checkpoint.async_save=true", "checkpoint.keep_last=5"]
+    events = run(run_dir, ["train.steps=20", *overrides]).events()
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [5, 10, 15, 20]
+    assert [r.name for r in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:08d}" for s in (5, 10, 15, 20)]
+    assert all("crc32" in read_commit(step_dir(run_dir / "checkpoints", s)) for s in (5, 10, 15, 20))
+    resumed = run(run_dir, ["train.steps=22", *overrides]).events()
+    assert [e for e in resumed if e["event"] == "start"][-1]["step"] == 20
