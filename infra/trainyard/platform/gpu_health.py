@@ -203,7 +203,7 @@ class GpuHealth(pulumi.ComponentResource):
         after_namespace = k8s_options(cluster, self, [namespace])
         account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=in_namespace, opts=after_namespace)
         node_role = k8s.rbac.v1.ClusterRole(f"{name}-nodes", metadata=cluster_meta, rules=node_rules,
-                                            opts=k8s_options(cluster, self))
+                                            opts=k8s_options(cluster, self, args.depends_on))
         node_binding = k8s.rbac.v1.ClusterRoleBinding(
             f"{name}-nodes", metadata=cluster_meta, role_ref=_role_ref("ClusterRole"), subjects=subject,
             opts=k8s_options(cluster, self, [node_role, account]))
