@@ -73,6 +73,34 @@ def test_mig_devices_match_the_layout(cluster: Cluster, settings: Settings) -> N
         pytest.skip("no MIG pool has a node right now (pools scale from zero)")
 
 
+def test_gpu_nodes_admitted_by_the_health_check(cluster: Cluster, settings: Settings) -> None:
+    """Every GPU node passed admission (README, "GPU node health"): labelled passed, no admission taint left."""
+    if not settings.addons.gpu_health.enabled:
+        pytest.skip("addons.gpuHealth is off")
+    nodes = cluster.get("nodes", selector="trainyard.io/role=gpu")
+    if not nodes:
+        pytest.skip("no GPU node right now (pools scale from zero)")
+    failed = {n["metadata"]["name"]: n["metadata"]["labels"].get("trainyard.io/gpu-health-reason") for n in nodes
+              if n["metadata"]["labels"].get("trainyard.io/gpu-health") != "passed"}
+    assert failed == {}, "GPU nodes not admitted (reason or None while still checking)"
+    held = [n["metadata"]["name"] for n in nodes
+            if any(t["key"].startswith("trainyard.io/gpu-health") for t in n["spec"].get("taints", []))]
+    assert held == []
+
+
+def test_gpu_nodes_report_repairable_conditions(cluster: Cluster, settings: Settings) -> None:
+    """The node monitoring agent sets the conditions Karpenter's node repair acts on, and they are healthy."""
+    if not settings.addons.gpu_health.repair:
+        pytest.skip("addons.gpuHealth.repair is off")
+    nodes = cluster.get("nodes", selector="trainyard.io/role=gpu")
+    if not nodes:
+        pytest.skip("no GPU node right now (pools scale from zero)")
+    for node in nodes:
+        states = {c: condition(node, c) for c in ("AcceleratedHardwareReady", "KernelReady", "NetworkingReady",
+                                                   "StorageReady", "ContainerRuntimeReady")}
+        assert states == dict.fromkeys(states, "True"), node["metadata"]["name"]
+
+
 def test_ceph_health_ok(cluster: Cluster, plan: Recording) -> None:
     release_namespace(plan, "rook-ceph-cluster")
     clusters = cluster.get("cephclusters.ceph.rook.io")
