@@ -51,7 +51,7 @@ missing_validations() {
 }
 
 step_wait() {
-  local deadline=$((SECONDS + WAIT_SECONDS)) missing layout state=none
+  local deadline=$((SECONDS + WAIT_SECONDS)) missing layout state=none efa_requested
   missing=$(missing_validations)
   while [[ -n "$missing" && $SECONDS -lt $deadline ]]; do
     sleep "$POLL_SECONDS"
@@ -68,8 +68,15 @@ step_wait() {
     done
     state=${state:-unset}
   fi
-  { echo "validations=${missing:+missing}"; echo "mig_state=$state"; } > "$STATE_DIR/wait.env"
-  log "validations ${missing:-ready}, MIG state $state"
+  # Karpenter gives a node EFA interfaces only when it launches it for pods that request EFA (the NodeClaim's
+  # requests); a node of an EFA pool launched for other pods rightly has none.
+  # (jq ships in the kubectl image: kubernetes/kubernetes#119592.)
+  efa_requested=$(kubectl get nodeclaims.karpenter.sh -o json | jq -r --arg node "$NODE_NAME" \
+    '[.items[] | select(.status.nodeName == $node) | .spec.resources.requests["vpc.amazonaws.com/efa"] // empty]
+     | first // empty' || true)
+  { echo "validations=${missing:+missing}"; echo "mig_state=$state"; echo "efa_requested=${efa_requested:-0}"; } \
+    > "$STATE_DIR/wait.env"
+  log "validations ${missing:-ready}, MIG state $state, EFA requested ${efa_requested:-0}"
 }
 
 step_probe() {
@@ -124,7 +131,7 @@ decide() {
   if (( ${memory_mib:-0} < min_mib )); then
     echo "gpu-memory-${memory_mib:-0}mib-below-${min_mib}mib"; return
   fi
-  if (( ${efa:-0} < want_efa )); then
+  if (( ${efa_requested:-0} > 0 && ${efa:-0} < want_efa )); then
     echo "efa-devices-${efa:-0}-of-${want_efa}"; return
   fi
 }

@@ -107,7 +107,8 @@ def test_rbac_is_least_privilege() -> None:
     recording = _recording("prod")
     (cluster_role,) = [r for r in _objects(recording, "ClusterRole").values()
                        if r["metadata"]["name"] == "gpu-health-check"]
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                                     {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]}]
     role = _objects(recording, "Role")["gpu-health-check"]
     assert role["metadata"]["namespace"] == "gpu-health"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]

@@ -38,7 +38,17 @@ args = sys.argv[1:]
 open(os.path.join(state, "kubectl.log"), "a").write(" ".join(args) + "\n")
 def save():
     json.dump(node, open(node_path, "w"))
-if args[:2] == ["get", "node"]:
+if args[:2] == ["get", "nodeclaims.karpenter.sh"]:
+    # This node's NodeClaim (with its EFA request, if any), one not yet registered, and another node's.
+    requests = {"cpu": "1"}
+    if node.get("efa_requested"):
+        requests["vpc.amazonaws.com/efa"] = node["efa_requested"]
+    print(json.dumps({"items": [
+        {"spec": {}, "status": {}},
+        {"spec": {"resources": {"requests": {"vpc.amazonaws.com/efa": "4"}}}, "status": {"nodeName": "other"}},
+        {"spec": {"resources": {"requests": requests}}, "status": {"nodeName": node["metadata"]["name"]}},
+    ]}))
+elif args[:2] == ["get", "node"]:
     template = args[-1]
     key = re.search(r'index .metadata.labels "([^"]+)"', template)
     print(node["metadata"]["labels"].get(key.group(1), "") if key else node["metadata"]["uid"], end="")
@@ -97,6 +107,8 @@ class Node:
     validations: tuple[str, ...] = ("driver-ready", "toolkit-ready", "cuda-ready", "plugin-ready")
     gpu_mib: tuple[int, ...] = (81559,) * 8
     efa: int = 32
+    # What the node's NodeClaim requests of vpc.amazonaws.com/efa ("" when nothing: launched for non-EFA pods).
+    efa_requested: str = "32"
     diag_rc: int = 0
 
 
@@ -149,6 +161,7 @@ def run_check(tmp_path: Path, node: Node, *, diag_level: int = 2, wait_seconds: 
         (efa / f"rdmap{index}s0").mkdir()
     labels = {"trainyard.io/pool": node.pool, "node.kubernetes.io/instance-type": node.instance_type, **node.labels}
     (state / "node.json").write_text(json.dumps({
+        "efa_requested": node.efa_requested,
         "metadata": {"name": NODE, "uid": "uid-1", "labels": labels},
         "spec": {"taints": [{"key": STARTUP, "value": "pending", "effect": "NoSchedule"}]},
     }))
@@ -199,12 +212,14 @@ def test_a_healthy_node_loses_its_startup_taint_and_is_labelled_passed(tmp_path:
         # 90% of 81920 MiB is 73728 MiB: a GPU reporting less is not the part the instance type promises.
         (Node(gpu_mib=(81559,) * 7 + (40960,)), "gpu-memory-40960mib-below-73728mib"),
         (Node(efa=31), "efa-devices-31-of-32"),
+        (Node(efa=0, efa_requested="1"), "efa-devices-0-of-32"),
         (Node(validations=("driver-ready", "toolkit-ready", "cuda-ready")), "gpu-operator-validation-timeout"),
         (Node(pool="h100-mig", efa=0, labels={"nvidia.com/mig.config.state": "failed"}), "mig-config-failed"),
         (Node(pool="h100-mig", efa=0), "mig-config-unset"),
         (Node(pool="a100"), "no-expectation"),
     ],
-    ids=["diag", "gpu-count", "gpu-memory", "efa", "validation", "mig-failed", "mig-never-applied", "unknown-pool"],
+    ids=["diag", "gpu-count", "gpu-memory", "efa", "efa-none", "validation", "mig-failed", "mig-never-applied",
+         "unknown-pool"],
 )
 def test_a_failed_check_keeps_the_startup_taint_adds_the_failure_taint_and_names_the_reason(
         tmp_path: Path, node: Node, reason: str) -> None:
@@ -224,6 +239,9 @@ def test_near_misses_pass(tmp_path: Path) -> None:
     mig = run_check(tmp_path / "mig", Node(pool="h100-mig", efa=0,
                                            labels={"nvidia.com/mig.config.state": "success"}))
     assert mig.labels["trainyard.io/gpu-health"] == "passed"
+    # A node of an EFA pool launched for pods that request no EFA (a single-node job) has no EFA interface.
+    single = run_check(tmp_path / "single", Node(efa=0, efa_requested=""))
+    assert single.labels["trainyard.io/gpu-health"] == "passed"
     # Non-EFA pools expect no EFA device at all.
     l4 = run_check(tmp_path / "l4", Node(pool="l4", instance_type="g6.12xlarge", gpu_mib=(23034,) * 4, efa=0))
     assert l4.labels["trainyard.io/gpu-health"] == "passed"
@@ -240,8 +258,8 @@ def test_wait_and_probe_only_record_what_they_saw(tmp_path: Path) -> None:
     run = run_check(tmp_path, Node(diag_rc=1), steps=("wait", "probe"))
     assert run.taints == {STARTUP: "pending"}
     assert all(line.startswith("get node") for line in run.kubectl)
-    assert run.state == {"validations": "", "mig_state": "none", "diag": "fail", "gpus": "8",
-                         "memory_mib": "81559", "efa": "32"}
+    assert run.state == {"validations": "", "mig_state": "none", "efa_requested": "32", "diag": "fail",
+                         "gpus": "8", "memory_mib": "81559", "efa": "32"}
 
 
 def test_the_script_refuses_an_unknown_step(tmp_path: Path) -> None:

@@ -85,8 +85,8 @@ def expectations(pools: Sequence[PoolFacts]) -> str:
     for pool in pools:
         for name in pool.instance_types:
             it = INSTANCE_TYPES[name]
-            # Karpenter attaches one EFA interface per network card only to nodes launched for EFA pods
-            # (platform/karpenter.py); EFA pools run nothing else.
+            # Karpenter attaches one EFA interface per network card, only to nodes launched for EFA pods
+            # (platform/karpenter.py): the check requires them only when the node's NodeClaim requested EFA.
             efa = it.efa_interfaces if pool.efa_interfaces else 0
             rows.append(f"{pool.name} {name} {it.gpu_count} {it.gpu_memory_gib * 1024} {efa} "
                         f"{pool.mig_layout or '-'}")
@@ -194,7 +194,9 @@ class GpuHealth(pulumi.ComponentResource):
         cluster_meta: Any = {"name": NAME, "labels": meta}
         subject: Any = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
         # Labels and taints are patches on the node; RBAC cannot narrow it to the pod's own node.
-        node_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+        node_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                           # Whether Karpenter launched the node with EFA interfaces (its NodeClaim's requests).
+                           {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]}]
         event_rules: Any = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
         deny_ingress: Any = {"podSelector": {}, "policyTypes": ["Ingress"]}
         daemonset_meta: Any = {**in_namespace, "annotations": {**CHECKOV_SKIPS, **SKIP_AWAIT}}
