@@ -106,7 +106,9 @@ def test_after_cni_addons_are_pinned() -> None:
     args = after_cni_addons(parse_settings("trainyard", "prod", values), "trainyard-prod")
     assert {p.name: p.version for p in args.addons} == {
         "coredns": RELEASE.coredns, "aws-ebs-csi-driver": RELEASE.ebs_csi_driver,
-        "snapshot-controller": RELEASE.snapshot_controller}
+        "snapshot-controller": RELEASE.snapshot_controller,
+        # addons.gpuHealth.repair (default on): the node conditions Karpenter's node repair acts on.
+        "eks-node-monitoring-agent": RELEASE.node_monitoring_agent}
 
 
 @pytest.mark.parametrize(("stack", "system", "storage"), [("staging", (3, 3, 4), (3, 3, 3)),
