@@ -127,11 +127,17 @@ def test_sigterm_to_torchrun_saves_once_and_is_not_restarted(tmp_path: Path, cle
 def test_config_error_in_workers_is_not_retried_by_torchrun(tmp_path: Path, cleanup_launches: list) -> None:
     """A config error only the workers can see (here: the global batch does not split over 3 ranks) stops
     the agent instead of being retried --max-restarts times."""
-    launched = launch(tmp_path / "run", ["train.global_batch_size=16"], nproc=3, max_restarts=3)
+    # LOGLEVEL=INFO makes the agent log each restart ("... attempts left; will restart worker group",
+    # torch/distributed/elastic/agent/server/api.py); the workers' own lines cannot count attempts, since the
+    # agent may stop a worker before it has printed.
+    launched = launch(tmp_path / "run", ["train.global_batch_size=16"], nproc=3, max_restarts=3,
+                      env={"LOGLEVEL": "INFO"})
     cleanup_launches.append(launched)
     assert launched.wait() != 0
-    errors = [line for line in launched.output().splitlines() if "config error: train.global_batch_size" in line]
-    assert len(errors) == 3, launched.output()  # one attempt: each of the 3 workers said it once
+    output = launched.output()
+    errors = [line for line in output.splitlines() if "config error: train.global_batch_size" in line]
+    assert 1 <= len(errors) <= 3, output  # one attempt: at most each of the 3 workers said it once
+    assert "will restart worker group" not in output, output
 
 
 @pytest.mark.parametrize("damage", ["commit_missing", "file_truncated", "metadata_corrupt", "distcp_bytes_flipped"])

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ def launch(
     nproc: int = 2,
     max_restarts: int = 0,
     torchrun: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Launch:
     run_dir.mkdir(parents=True, exist_ok=True)
     # The trainer under a default process group that refuses CPU tensors, as NCCL's does (strict_trainer.py).
@@ -104,7 +105,8 @@ def launch(
     log_path = run_dir / f"launch-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(), text=True, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**subprocess_env(), **(env or {})}, text=True,
+            start_new_session=True
         )
     return Launch(proc, run_dir, log_path)
 
