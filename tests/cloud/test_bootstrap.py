@@ -304,6 +304,7 @@ def test_gpu_refuses_a_mixed_device_set_as_a_whole(node: Node, loops: Callable[[
     assert node.calls() == []
 
 
+@pytest.mark.slow
 def test_gpu_stripes_several_devices_into_one_cache(tmp_path: Path) -> None:
     # RAID0 needs the md driver, which a container host's kernel may lack: the scenario runs in a User-Mode Linux
     # guest (tests/cloud/uml.py) on the real tools, with the same shims, --root and assertions as the others.

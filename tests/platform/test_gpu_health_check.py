@@ -204,6 +204,7 @@ def test_a_healthy_node_loses_its_startup_taint_and_is_labelled_passed(tmp_path:
     assert order == ["taint", "label"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("node", "reason"),
     [
@@ -232,6 +233,7 @@ def test_a_failed_check_keeps_the_startup_taint_adds_the_failure_taint_and_names
     assert event["message"].startswith(reason)
 
 
+@pytest.mark.slow
 def test_near_misses_pass(tmp_path: Path) -> None:
     # Exactly 90% of the nominal memory, more EFA devices than required, a MIG pool whose layout applied.
     tight = run_check(tmp_path / "memory", Node(gpu_mib=(73728,) * 8, efa=33))

@@ -88,6 +88,7 @@ def _trainer(tmp_path: Path, *args: str, module: str = "trainyard_train") -> sub
     ],
 )
 @pytest.mark.parametrize("module", ["trainyard_train", "trainyard_train.preflight"])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_a_final_exit_code(
     tmp_path: Path, args: list[str], message: str, module: str
 ) -> None:
