@@ -41,6 +41,7 @@ DECLARATION = f"""  {KEY}:
     needs: [volcano]
     crds: {{{CHART}: [example.invalid]}}
     serviceMonitors: {{{CHART}: [serviceMonitor.enabled]}}
+    pods: {{{CHART}: [{{name: example-exporter, at: ""}}]}}
 """
 # 2. The component: one release with a value computed from its own settings type.
 COMPONENT = '''"""Example add-on: one chart, one computed value."""
@@ -115,10 +116,10 @@ def _upstream(tmp_path: Path) -> Path:
     return upstream
 
 
-def _plan(repo: Path, stack: str, out: Path) -> subprocess.CompletedProcess[str]:
+def _plan(repo: Path, stack: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{repo / 'infra'}{os.pathsep}{repo / 'workloads'}"}
-    return subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", stack, "--quiet", "--out", str(out)],
-                          capture_output=True, text=True, cwd=repo, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", stack, "--quiet", "--out", str(out),
+                           *extra], capture_output=True, text=True, cwd=repo, env=env, timeout=300)
 
 
 def _upstream_of(resources: dict[str, dict[str, Any]], urn: str) -> set[str]:
@@ -161,6 +162,9 @@ def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, P
     rendered = yaml.safe_load((tmp_path / "dev" / "helm" / f"example.{CHART}.yaml").read_text())
     assert check_helm_values(rendered, upstream=upstream) == []
     assert check_helm_values({**rendered, "values": {**rendered["values"], "nodeSelctor": {}}}, upstream=upstream)
+    # The rehearsal knows its pods from the same entry and finds a node for them.
+    rehearsal = _plan(repo, "dev", tmp_path / "dev-rehearsed", "--rehearse")
+    assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr
 
 
 def test_the_stack_switch_turns_it_off_and_typos_are_refused(example: tuple[Path, Path], tmp_path: Path) -> None:

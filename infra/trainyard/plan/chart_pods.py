@@ -7,116 +7,28 @@ Helm runs to completion with or without --wait (helm.sh/docs/topics/charts_hooks
 table names where in the chart's values a component's placement keys live and the chart's own defaults for them
 (read from the pinned chart's values.yaml in the upstream data, `.upstream/charts/<chart>/<version>/`); Helm
 merges our maps over those defaults and replaces lists (helm.sh/docs/chart_template_guide/values_files).
-A chart missing from the table is reported, so a new add-on has to say what its pods need.
+The table is data: each add-on's `pods` in platform/addons.yaml, which the registry requires for every chart, so
+a new add-on says what its pods need where it declares its charts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_model import PodNeeds, Requirement, Toleration, quantity
-
-_LINUX = {"kubernetes.io/os": "linux"}
-_CONTROL_PLANE = ({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},)
-
-
-@dataclass(frozen=True)
-class ChartPod:
-    """One Deployment/StatefulSet of a chart: where its placement keys live and the chart's defaults."""
-
-    name: str
-    at: str  # dotted values path holding nodeSelector / tolerations / affinity / replicas ("" = top level)
-    enabled: str | None = None  # dotted path of the switch that deploys it; None: always deployed
-    enabled_default: bool = True
-    replicas: int = 1
-    spread: bool = False  # the chart's default affinity keeps replicas on distinct nodes (required)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] = field(default_factory=dict)
-    selector_key: str = "nodeSelector"
-    tolerations_key: str = "tolerations"
-    replicas_key: str = "replicas"
-    hook: bool = False  # a Helm hook Job: Helm runs it to completion even without --wait
+from trainyard.platform.addon import ChartPod
+from trainyard.platform.catalogue import load_catalogue
+from trainyard.platform.registry import load_registry
 
 
-CHART_PODS: Mapping[str, tuple[ChartPod, ...]] = {
-    # cilium 1.20.0 values.yaml: operator.replicas 2 with required hostname anti-affinity, nodeSelector
-    # kubernetes.io/os=linux, tolerations for control-plane/not-ready/uninitialized; hubble.relay off by default.
-    "cilium": (
-        ChartPod("cilium-operator", "operator", "operator.enabled", replicas=2, spread=True, node_selector=_LINUX,
-                 tolerations=(*_CONTROL_PLANE, {"key": "node-role.kubernetes.io/master", "operator": "Exists"},
-                              {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
-                              {"key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"})),
-        ChartPod("hubble-relay", "hubble.relay", "hubble.relay.enabled", enabled_default=False,
-                 node_selector=_LINUX),
-    ),
-    # karpenter 1.14.1 values.yaml: replicas 2, required hostname anti-affinity and karpenter.sh/nodepool
-    # DoesNotExist (the controller never runs on nodes it manages), nodeSelector linux, CriticalAddonsOnly.
-    "karpenter": (
-        ChartPod("karpenter", "", replicas=2, spread=True, node_selector=_LINUX,
-                 tolerations=({"key": "CriticalAddonsOnly", "operator": "Exists"},),
-                 affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                     {"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"}]}]}}}),
-    ),
-    # kube-prometheus-stack 88.5.3: the operator, grafana and kube-state-metrics Deployments (no defaults for
-    # placement), and the admission webhook's certificate Jobs, which are install hooks. Prometheus and
-    # Alertmanager are StatefulSets the operator creates later: Helm does not wait for them (their volumes are
-    # checked by the storage rule instead).
-    "kube-prometheus-stack": (
-        ChartPod("prometheus-operator", "prometheusOperator", "prometheusOperator.enabled"),
-        ChartPod("admission-webhook-jobs", "prometheusOperator.admissionWebhooks.patch",
-                 "prometheusOperator.admissionWebhooks.patch.enabled", hook=True),
-        ChartPod("grafana", "grafana", "grafana.enabled"),
-        ChartPod("kube-state-metrics", "kube-state-metrics", "kubeStateMetrics.enabled"),
-    ),
-    # prometheus-adapter 5.3.0: replicas 1, no placement defaults.
-    "prometheus-adapter": (ChartPod("prometheus-adapter", ""),),
-    # rook-ceph v1.20.6: the operator (no placement defaults) and, with csi.installCsiOperator (default true),
-    # the ceph-csi-operator controller manager subchart.
-    "rook-ceph": (
-        ChartPod("rook-ceph-operator", ""),
-        ChartPod("ceph-csi-operator", "ceph-csi-operator.controllerManager", "csi.installCsiOperator"),
-    ),
-    # rook-ceph-cluster v1.20.6: the CephCluster and pools are custom resources Helm does not wait for; only the
-    # toolbox (toolbox.enabled, default false) is a Deployment. Its chart has no nodeSelector key.
-    "rook-ceph-cluster": (
-        ChartPod("rook-ceph-tools", "toolbox", "toolbox.enabled", enabled_default=False, selector_key=""),
-    ),
-    # ceph-csi-drivers 1.0.4 creates Driver custom resources; the operator makes the pods later.
-    "ceph-csi-drivers": (),
-    # gpu-operator v26.7.0: the operator (nodeSelector linux) and NFD's master and gc (nfd.enabled, default
-    # true); every GPU-node component is a DaemonSet.
-    "gpu-operator": (
-        ChartPod("gpu-operator", "operator", node_selector=_LINUX,
-                 tolerations=({"key": "node-role.kubernetes.io/control-plane", "operator": "Equal", "value": "",
-                               "effect": "NoSchedule"},)),
-        ChartPod("nfd-master", "node-feature-discovery.master", "nfd.enabled", replicas_key="replicaCount",
-                 tolerations=({"key": "node-role.kubernetes.io/control-plane", "operator": "Equal", "value": "",
-                               "effect": "NoSchedule"},)),
-        ChartPod("nfd-gc", "node-feature-discovery.gc", "node-feature-discovery.gc.enable",
-                 replicas_key="replicaCount"),
-    ),
-    # aws-efa-k8s-device-plugin v0.5.30: a DaemonSet only.
-    "aws-efa-k8s-device-plugin": (),
-    # volcano 1.15.1: scheduler, controllers and admission share custom.default_ns (a nodeSelector) and
-    # custom.default_tolerations; each can be switched off.
-    "volcano": tuple(
-        ChartPod(f"volcano-{part}", "custom", f"custom.{part}_enable", selector_key="default_ns",
-                 tolerations_key="default_tolerations", replicas_key=f"{part}_replicas")
-        for part in ("scheduler", "controller", "admission")
-    ),
-    # fluid 1.0.8: dataset and application controllers and the webhook tolerate everything; the Alluxio runtime
-    # controller is off unless runtime.alluxio.enabled.
-    "fluid": (
-        ChartPod("fluid-dataset-controller", "dataset", tolerations=({"operator": "Exists"},)),
-        ChartPod("fluid-app-controller", "fluidapp", "fluidapp.enabled", tolerations=({"operator": "Exists"},)),
-        ChartPod("fluid-webhook", "webhook", "webhook.enabled", tolerations=({"operator": "Exists"},)),
-        ChartPod("alluxio-runtime-controller", "runtime.alluxio", "runtime.alluxio.enabled", enabled_default=False,
-                 tolerations=({"operator": "Exists"},)),
-    ),
-}
+@cache
+def chart_pod_table() -> Mapping[str, tuple[ChartPod, ...]]:
+    """Chart name -> the pods a waiting install of it needs, from the add-ons' `pods` (platform/addons.yaml)."""
+    pins = load_catalogue(REPO_ROOT).pins
+    return {chart_name(pins[release].chart): pods for release, pods in load_registry(REPO_ROOT).chart_pods().items()}
 
 
 def chart_name(chart: str) -> str:
@@ -136,7 +48,7 @@ def lookup(values: Mapping[str, Any], path: str, default: Any = None) -> Any:
 def release_pods(chart: str, values: Mapping[str, Any], *, waits: bool = True) -> tuple[PodNeeds, ...] | None:
     """The pods an install of `chart` needs running (only its hook Jobs when it does not wait); None when the
     chart is not in the table."""
-    components = CHART_PODS.get(chart_name(chart))
+    components = chart_pod_table().get(chart_name(chart))
     if components is None:
         return None
     pods: list[PodNeeds] = []

@@ -143,7 +143,7 @@ def release_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
     waits = release_waits(record)
     pods = release_pods(chart, record.inputs.get("values") or {}, waits=waits)
     if pods is None:
-        return f"no pod model for chart {chart_name(chart)!r}: add it to trainyard/plan/chart_pods.py CHART_PODS" \
+        return f"no pod model for chart {chart_name(chart)!r}: list its pods in platform/addons.yaml (`pods`)" \
             if waits else None
     ready = ready_pools(moment.before)
     for pod in pods:

@@ -48,6 +48,26 @@ class ScrapeTarget:
     when: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ChartPod:
+    """One Deployment/StatefulSet (or hook Job) of a chart that a waiting install needs running: where its
+    placement keys live in the chart's values and the chart's defaults for them (the rehearsal's pod model)."""
+
+    name: str
+    at: str  # dotted values path holding nodeSelector / tolerations / affinity / replicas ("" = top level)
+    enabled: str | None = None  # dotted path of the switch that deploys it; None: always deployed
+    enabled_default: bool = True
+    replicas: int = 1
+    spread: bool = False  # the chart's default affinity keeps replicas on distinct nodes (required)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    selector_key: str = "nodeSelector"
+    tolerations_key: str = "tolerations"
+    replicas_key: str = "replicas"
+    hook: bool = False  # a Helm hook Job: Helm runs it to completion even without --wait
+
+
 def _always(_: Settings) -> bool:
     return True
 
@@ -76,6 +96,7 @@ class Addon:
     cni: bool = False
     service_monitors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scrape: tuple[ScrapeTarget, ...] = ()
+    pods: Mapping[str, tuple[ChartPod, ...]] = field(default_factory=dict)
     after_tenants: bool = False
     switch: bool = True
 

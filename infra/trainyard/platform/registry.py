@@ -20,7 +20,7 @@ from pydantic.alias_generators import to_camel
 from trainyard.config import Settings
 from trainyard.config.model import AddonSettings
 from trainyard.paths import REPO_ROOT
-from trainyard.platform.addon import Addon, AddonCode, ScrapeTarget
+from trainyard.platform.addon import Addon, AddonCode, ChartPod, ScrapeTarget
 from trainyard.platform.catalogue import Catalogue, CatalogueError, load_catalogue
 
 ADDONS_FILE = Path("platform") / "addons.yaml"
@@ -31,8 +31,13 @@ GENERIC_COMPONENT = "chart_addon"
 MONITORING = "monitoring"
 
 _KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "needs", "cni", "serviceMonitors", "scrape",
-                   "afterTenants", "switch"))
+                   "pods", "afterTenants", "switch"))
 _SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels", "when"))
+# addons.yaml key -> ChartPod field.
+_POD_FIELDS = {"name": "name", "at": "at", "enabled": "enabled", "enabledDefault": "enabled_default",
+               "replicas": "replicas", "spread": "spread", "nodeSelector": "node_selector",
+               "tolerations": "tolerations", "affinity": "affinity", "selectorKey": "selector_key",
+               "tolerationsKey": "tolerations_key", "replicasKey": "replicas_key", "hook": "hook"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class Registry:
     def owner(self, chart: str) -> Addon:
         """The add-on installing `chart`."""
         return next(a for a in self.addons if chart in a.charts)
+
+    def chart_pods(self) -> dict[str, tuple[ChartPod, ...]]:
+        """Release -> the pods a waiting install of it needs (each add-on's `pods`)."""
+        return {release: pods for a in self.addons for release, pods in a.pods.items()}
 
     def crd_owners(self) -> dict[str, str]:
         """CRD API group -> the chart (release) that installs it."""
@@ -113,6 +122,7 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> Addon:
         service_monitors=MappingProxyType(monitors),
         scrape=tuple(_scrape(f"{at}.scrape[{i}]", target, scrape_namespace)
                      for i, target in enumerate(_list(at, "scrape", entry.get("scrape", [])))),
+        pods=MappingProxyType(_pods(at, entry.get("pods", {}), charts)),
         after_tenants=entry.get("afterTenants", False), switch=entry.get("switch", True))
     if not set(optional) <= set(charts):
         raise CatalogueError(f"{at}.optionalCharts: only charts of 'charts' can be optional")
@@ -152,6 +162,23 @@ def _scrape(at: str, target: object, namespace: str) -> ScrapeTarget:
                         selector=MappingProxyType({str(k): str(v) for k, v in selector.items()}),
                         port=str(target["port"]), honor_labels=bool(target.get("honorLabels", False)),
                         when=_names(at, "when", target.get("when", [])))
+
+
+def _pods(at: str, value: object, charts: tuple[str, ...]) -> dict[str, tuple[ChartPod, ...]]:
+    if not isinstance(value, dict) or not set(value) <= set(charts):
+        raise CatalogueError(f"{at}.pods: a map from this add-on's charts ({', '.join(charts)}) to the pods a "
+                             "waiting install needs running ([] when Helm waits for none)")
+    optional = ", ".join(k for k in _POD_FIELDS if k not in ("name", "at"))
+    table = {}
+    for chart, pods in value.items():
+        parsed = []
+        for index, pod in enumerate(_list(at, f"pods.{chart}", pods)):
+            if not isinstance(pod, dict) or not {"name", "at"} <= set(pod) or not set(pod) <= set(_POD_FIELDS):
+                raise CatalogueError(f"{at}.pods.{chart}[{index}]: expected name, at and optionally {optional}")
+            fields = {_POD_FIELDS[key]: item for key, item in pod.items()}
+            parsed.append(ChartPod(**{**fields, "tolerations": tuple(fields.get("tolerations") or ())}))
+        table[chart] = tuple(parsed)
+    return table
 
 
 def _code(at: str, module: object, charts: tuple[str, ...]) -> AddonCode:
