@@ -3,7 +3,7 @@
 The cluster is created without aws-node, kube-proxy or CoreDNS. Add-ons whose pods need the pod network
 (CoreDNS, the EBS CSI controller, the snapshot controller) can only become healthy once Cilium runs on nodes, and
 EKS waits for an add-on to be healthy, so they are a separate component the platform layer creates after the
-Cilium release and the node groups (both in `cluster.ready` by then)::
+Cilium release and the node groups (in `cluster.ready` by then)::
 
     from trainyard.cloud.addons import EksAddons, after_cni_addons
 

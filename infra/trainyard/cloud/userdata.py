@@ -20,7 +20,8 @@ from typing import Final, Literal, get_args
 import yaml
 
 CACHE_MOUNT: Final = "/mnt/trainyard-cache"
-"""Where GPU nodes mount their NVMe instance-store cache (the Alluxio SSD tier)."""
+"""Where GPU nodes mount their NVMe instance store (formerly Alluxio's SSD tier; the cache now lives on storage nodes,
+in memory, and nothing in the platform uses this mount)."""
 CACHE_LABEL: Final = "TYCACHE"
 """XFS label of that cache filesystem."""
 
