@@ -5,6 +5,7 @@ description of it are derived from it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import textwrap
 from dataclasses import dataclass
@@ -33,11 +34,8 @@ MONITORING = "monitoring"
 _KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "needs", "cni", "serviceMonitors", "scrape",
                    "pods", "afterTenants", "switch"))
 _SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels", "when"))
-# addons.yaml key -> ChartPod field.
-_POD_FIELDS = {"name": "name", "at": "at", "enabled": "enabled", "enabledDefault": "enabled_default",
-               "replicas": "replicas", "spread": "spread", "nodeSelector": "node_selector",
-               "tolerations": "tolerations", "affinity": "affinity", "selectorKey": "selector_key",
-               "tolerationsKey": "tolerations_key", "replicasKey": "replicas_key", "hook": "hook"}
+# addons.yaml key (camelCase) -> ChartPod field.
+_POD_FIELDS = {to_camel(f.name): f.name for f in dataclasses.fields(ChartPod)}
 
 
 @dataclass(frozen=True)
