@@ -49,8 +49,8 @@ def allow(actions: Sequence[str], resources: Any, condition: Mapping[str, Any] |
     return statement
 
 
-def service_trust(service: str, actions: Sequence[str] = ("sts:AssumeRole",)) -> Policy:
-    return document({"Effect": "Allow", "Principal": {"Service": service}, "Action": list(actions)})
+def service_trust(service: str) -> Policy:
+    return document({"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole"]})
 
 
 # Session tags EKS Pod Identity puts on every role session, on by default (disableSessionTags false):
