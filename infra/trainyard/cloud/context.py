@@ -71,8 +71,8 @@ class ClusterContext:
     karpenter: KarpenterFacts | None = None
     # The AWS provider every AWS resource uses (made from the validated region); None on the local target.
     aws_provider: pulumi.ProviderResource | None = None
-    # In-cluster work waits for these: access entries, pod identity agent and associations; after
-    # `ControlPlane.join_nodes`, the managed node groups too.
+    # In-cluster work waits for these: access entries, pod identity agent and associations, the dataset cache's
+    # IRSA grants; after `ControlPlane.join_nodes`, the managed node groups too.
     ready: tuple[pulumi.Resource, ...] = field(default_factory=tuple)
 
     def pools_with(self, role: PoolRole) -> tuple[PoolFacts, ...]:
