@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from trainyard.config.releases import ADDON_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "infra" / "trainyard" / "config" / "release_data"
 EKS_AMI_CHANGELOG = "https://raw.githubusercontent.com/awslabs/amazon-eks-ami/main/CHANGELOG.md"
 KEEP_RELEASES = 12
-# The EKS managed add-ons infra/trainyard/config/releases.py pins.
-ADDONS = ("coredns", "aws-ebs-csi-driver", "eks-pod-identity-agent", "snapshot-controller")
 
 _AMI_RELEASE = re.compile(r"^# AMI Release v(\d{8})\s*$", re.M)
 _K8S_BLOCK = re.compile(r"<summary><b>Kubernetes (\d+\.\d+)</b></summary>(.*?)</details>", re.S)
@@ -141,7 +140,7 @@ def main(argv: list[str]) -> int:
     if args.what == "eks-ami":
         path = refresh_eks_ami(minors)
     elif args.what == "eks-addons":
-        path = refresh_eks_addons(minors, list(ADDONS))
+        path = refresh_eks_addons(minors, list(ADDON_FIELDS))
     else:
         path = refresh_charts()
     print(f"wrote {path.relative_to(ROOT)}: review the diff, then move pins only to listed versions")

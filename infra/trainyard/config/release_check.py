@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from trainyard.config.releases import KUBERNETES_RELEASES, KubernetesRelease
+from trainyard.config.releases import ADDON_FIELDS, KUBERNETES_RELEASES, KubernetesRelease
 
 DATA_DIR = Path(__file__).resolve().parent / "release_data"
 _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.M)
@@ -62,10 +62,8 @@ def kubernetes_pins(releases: Mapping[str, KubernetesRelease], data_dir: Path = 
     for minor, release in releases.items():
         yield Pin(f"eks-ami/{minor}={release.node_group_release}", where,
                   release.node_group_release in (amis.get(minor) or []))
-        for addon, version in (("coredns", release.coredns), ("aws-ebs-csi-driver", release.ebs_csi_driver),
-                               ("eks-pod-identity-agent", release.pod_identity_agent),
-                               ("snapshot-controller", release.snapshot_controller),
-                               ("eks-node-monitoring-agent", release.node_monitoring_agent)):
+        for addon, field in ADDON_FIELDS.items():
+            version = str(getattr(release, field))
             known = (addons.get(minor) or {}).get(addon) or []
             yield Pin(f"eks-addon/{minor}/{addon}={version}", where, version in known)
 

@@ -30,6 +30,16 @@ class KubernetesRelease:
         return f"al2023@v{self.ami_release}"
 
 
+# Each EKS managed add-on a KubernetesRelease pins -> the field holding its version: config/release_check.py checks
+# these pins, tools/refresh_releases.py eks-addons reads the versions of these add-ons.
+ADDON_FIELDS: dict[str, str] = {
+    "coredns": "coredns",
+    "aws-ebs-csi-driver": "ebs_csi_driver",
+    "eks-pod-identity-agent": "pod_identity_agent",
+    "snapshot-controller": "snapshot_controller",
+    "eks-node-monitoring-agent": "node_monitoring_agent",
+}
+
 
 KUBERNETES_RELEASES: dict[str, KubernetesRelease] = {
     r.version: r
