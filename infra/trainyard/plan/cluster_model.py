@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -150,7 +151,8 @@ def untolerated(pod: PodNeeds, pool: Pool) -> list[Taint]:
             if t.effect in _BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)]
 
 
-def _satisfies(requirement: Requirement, labels: Mapping[str, frozenset[str]]) -> bool:
+def satisfies(requirement: Requirement, labels: Mapping[str, AbstractSet[str]]) -> bool:
+    """Whether nodes with these labels (key -> the values they may carry) meet the requirement."""
     present = labels.get(requirement.key)
     if requirement.operator == "In":
         return present is not None and bool(present & requirement.values)
@@ -171,7 +173,7 @@ def label_mismatch(pod: PodNeeds, pool: Pool) -> str | None:
     for key, value in sorted(pod.node_selector.items()):
         if value not in pool.labels.get(key, frozenset()):
             return f"nodeSelector {key}={value}"
-    if pod.affinity_terms and not any(all(_satisfies(r, pool.labels) for r in term) for term in pod.affinity_terms):
+    if pod.affinity_terms and not any(all(satisfies(r, pool.labels) for r in term) for term in pod.affinity_terms):
         first = pod.affinity_terms[0]
         return "node affinity " + ", ".join(f"{r.key} {r.operator} {sorted(r.values)}" for r in first)
     return None

@@ -21,12 +21,14 @@ from trainyard.plan.cluster_model import (
     InstanceOffer,
     PodNeeds,
     Pool,
+    Requirement,
     StorageClass,
     Taint,
     Toleration,
     admits,
     frozen_labels,
     quantity,
+    satisfies,
 )
 from trainyard.plan.recording import ResourceRecord
 from trainyard.platform.catalogue import load_catalogue
@@ -195,7 +197,7 @@ def _karpenter_pool(record: ResourceRecord, overlays: list[ResourceRecord]) -> P
             # (karpenter.sh/docs/concepts/nodeoverlays; aws/karpenter-provider-aws PR 8710).
             node_labels = labels | {"node.kubernetes.io/instance-type": {itype}}
             wanted = lookup(overlay.inputs, "spec.requirements", ()) or ()
-            if all(_requirement_holds(r, node_labels) for r in wanted):
+            if all(satisfies(Requirement.of(r), node_labels) for r in wanted):
                 for resource, amount in (lookup(overlay.inputs, "spec.capacity", {}) or {}).items():
                     resources[str(resource)] = quantity(amount)
         offers.append(InstanceOffer(itype, resources))
@@ -205,19 +207,6 @@ def _karpenter_pool(record: ResourceRecord, overlays: list[ResourceRecord]) -> P
     limits = {str(k): quantity(v) for k, v in (lookup(record.inputs, "spec.limits", {}) or {}).items()}
     return Pool(name=name, labels=frozen_labels(labels), taints=taints, offers=tuple(offers), nodes=0,
                 autoscaled=True, limits=limits)
-
-
-def _requirement_holds(raw: Mapping[str, Any], labels: Mapping[str, set[str]]) -> bool:
-    present = labels.get(str(raw.get("key")))
-    values = {str(v) for v in raw.get("values") or ()}
-    operator = raw.get("operator")
-    if operator == "In":
-        return present is not None and bool(present & values)
-    if operator == "NotIn":
-        return present is None or bool(present - values)
-    if operator == "Exists":
-        return present is not None
-    return present is None if operator == "DoesNotExist" else True
 
 
 def _placement_pod(name: str, placement: Mapping[str, Any]) -> PodNeeds:
