@@ -81,7 +81,7 @@ def parse_registry_tags(tags_json: str) -> list[str]:
 
 
 def _version_key(version: str) -> tuple[int, ...]:
-    match = _SEMVER.match(version.split("-eksbuild")[0]) if "eksbuild" in version else _SEMVER.match(version)
+    match = _SEMVER.match(version)
     base = tuple(int(p) for p in match.groups()) if match else (0, 0, 0)
     build = re.search(r"eksbuild\.(\d+)", version)
     return (*base, int(build.group(1)) if build else 0)
