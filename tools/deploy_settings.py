@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         outputs = deploy_outputs(argv[0])
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, ValueError) as exc:  # InputError (unknown stack, bad file) is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(f"{k}={v}" for k, v in outputs.items()))
