@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("sync", "verify", "lock"):
         command = commands.add_parser(name)
-        command.add_argument("--dest", type=Path, default=Path(os.environ.get("TRAINYARD_UPSTREAM", DEFAULT_DEST)))
+        command.add_argument("--dest", type=Path, default=Path(os.environ.get("TRAINYARD_UPSTREAM") or DEFAULT_DEST))
         if name != "verify":
             command.add_argument("--from", dest="mirror", type=Path, help="local mirror laid out like the cache")
     args = parser.parse_args(argv)
