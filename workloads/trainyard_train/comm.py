@@ -23,22 +23,21 @@ from .config import CommConfig
 class GradCommMeter:
     """Gradient bytes all-reduced per optimizer step. Hook callbacks may run on the autograd thread."""
 
-    def __init__(self, plain_bytes_per_step: int) -> None:
-        self.plain_bytes_per_step = plain_bytes_per_step
+    def __init__(self, fixed_bytes_per_step: int | None = None) -> None:
+        self.fixed_bytes_per_step = fixed_bytes_per_step
+        """Set for DDP's own all-reduce (no hook to count); None when a hook records what it sends."""
         self._lock = threading.Lock()
         self._bytes = 0
-        self._counting = False
 
     def record(self, nbytes: int) -> None:
         with self._lock:
-            self._counting = True
             self._bytes += nbytes
 
     def take(self) -> int:
-        """Bytes since the previous call; without a metering hook, the plain all-reduce's fixed volume."""
+        """Bytes since the previous call, or the plain all-reduce's fixed volume."""
+        if self.fixed_bytes_per_step is not None:
+            return self.fixed_bytes_per_step
         with self._lock:
-            if not self._counting:
-                return self.plain_bytes_per_step
             taken, self._bytes = self._bytes, 0
         return taken
 
@@ -70,9 +69,10 @@ def register_grad_hook(
     model: DistributedDataParallel, cfg: CommConfig, group: dist.ProcessGroup, seed: int
 ) -> tuple[powerSGD_hook.PowerSGDState | None, GradCommMeter]:
     """Register the configured hook; returns the PowerSGD state (to checkpoint) or None, and the meter."""
-    meter = GradCommMeter(gradient_bytes(model.module))
     if cfg.hook == "allreduce":
-        return None, meter  # DDP's built-in reduction: the fastest path, nothing to register
+        # DDP's built-in reduction: the fastest path, nothing to register; every gradient goes once per step.
+        return None, GradCommMeter(gradient_bytes(model.module))
+    meter = GradCommMeter()
     state = powerSGD_hook.PowerSGDState(
         process_group=group,
         matrix_approximation_rank=cfg.powersgd_rank,
