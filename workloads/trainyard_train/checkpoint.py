@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -174,9 +173,8 @@ class Checkpointer:
         self._pending: Future[None] | None = None
         # Rank 0's commits (checksums + COMMIT + retention) run here when saving asynchronously.
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-commit")
-        self._lock = threading.Lock()
         self.last_commit_time = time.time()
-        self.last_committed_step: int | None = None
+        """Read by the metrics thread; written here or on the commit thread (one float, atomic)."""
         self.last_blocking_seconds = 0.0
         """How long the last save() held up the caller (the training loop)."""
 
@@ -227,9 +225,7 @@ class Checkpointer:
             for victim in plan_retention(list_step_dirs(self.root), complete_checkpoints(self.root), self.keep_last):
                 shutil.rmtree(victim.path, ignore_errors=True)
             log.info(kv("checkpoint_committed", step=step, path=path, seconds=time.monotonic() - started))
-        with self._lock:
-            self.last_commit_time = time.time()
-            self.last_committed_step = step
+        self.last_commit_time = time.time()
 
     def _verified(self, ref: CheckpointRef) -> bool:
         """Collective: rank 0 checks the checksums, every rank gets its verdict."""
@@ -265,7 +261,6 @@ class Checkpointer:
                 continue
             apply(state)
             self.last_commit_time = time.time()
-            self.last_committed_step = ref.step
             return ref, meta
         if candidates:
             # Starting from scratch would silently discard a run and let retention delete its history.
