@@ -123,6 +123,8 @@ class Trainer:
             device=rt.device,
         )
         self.trace_file = cfg.run_dir_path / "trace" / f"rank-{env.rank}.jsonl" if cfg.data.trace else None
+        if self.trace_file is not None:
+            self.trace_file.parent.mkdir(parents=True, exist_ok=True)
 
         self.raw_model = DecoderLM(cfg.model, loss_chunk_tokens=cfg.perf.loss_chunk_tokens).to(rt.device)
         # Compile the module, then wrap it: DDP's optimizer then splits the graph at bucket boundaries so
@@ -264,7 +266,6 @@ class Trainer:
 
     def _trace(self, record_ids: list[int]) -> None:
         assert self.trace_file is not None
-        self.trace_file.parent.mkdir(parents=True, exist_ok=True)
         entry = {"step": self.step + 1, "rank": self.rt.env.rank, "world_size": self.rt.env.world_size}
         with open(self.trace_file, "a") as handle:
             handle.write(json.dumps({**entry, "records": record_ids}) + "\n")

@@ -22,6 +22,13 @@ from .preflight import parse_args, report
 from .signals import stop_elastic_agent
 
 
+def _final_config_error(env: DistEnv, exc: ConfigError) -> int:
+    """Report a config error; retrying cannot fix it, so ask torchrun to stop instead of restarting us."""
+    if env.local_rank == 0:  # every rank fails alike; one request per agent is enough
+        stop_elastic_agent(env)
+    return report(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     env = DistEnv.from_env()
@@ -30,9 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         check_run_dir(cfg)
     except ConfigError as exc:
-        if env.local_rank == 0:  # every rank fails alike; one request per agent is enough
-            stop_elastic_agent(env)  # retrying cannot fix it: ask torchrun to stop instead of restarting us
-        return report(exc)
+        return _final_config_error(env, exc)
     log = setup_logging(env.rank, env.world_size)
     if env.shared_agent_store and env.is_main:
         log.warning(kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun"))
@@ -41,9 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             trainer = Trainer(cfg, runtime)
         except ConfigError as exc:  # found once the data and the world size are known
-            if env.local_rank == 0:
-                stop_elastic_agent(env)
-            return report(exc)
+            return _final_config_error(env, exc)
         code = trainer.run()
         # Leave together: a rank tearing down gloo while its peer still finishes the last commit
         # intermittently aborted ("terminate called without an active exception") on CPU.
