@@ -78,7 +78,8 @@ def fabric_checks(recording: Recording) -> dict[str, ResourceRecord]:
 
 def training_jobs(recording: Recording) -> dict[str, ResourceRecord]:
     """The Volcano Jobs of the stack's `workloads` (not the fabric checks)."""
-    return {name: r for name, r in volcano_jobs(recording).items() if name not in fabric_checks(recording)}
+    checks = fabric_checks(recording)
+    return {name: r for name, r in volcano_jobs(recording).items() if name not in checks}
 
 
 def volcano_schema_errors(record: ResourceRecord) -> list[str]:
