@@ -5,7 +5,6 @@ from __future__ import annotations
 from trainyard.config import Settings
 from trainyard.config.instance_types import fabric_threshold
 from trainyard.config.model import Job
-from trainyard.names import fabric_check_job
 from trainyard.paths import TRAINER_CONFIGS_DIR
 from trainyard.platform.context import PlatformContext
 from trainyard.workloads.args import TrainingJobArgs
@@ -17,8 +16,8 @@ def build(settings: Settings, platform: PlatformContext) -> None:
     for job in settings.workloads:
         COMPONENTS[job.kind](job.name, job_args(job, platform, protect=settings.protect))
     for pool in settings.fabric_checked_pools:
-        name = fabric_check_job(pool.name)
-        FabricCheck(name, fabric_check_args(settings, pool.name, platform))
+        args = fabric_check_args(settings, pool.name, platform)
+        FabricCheck(args.name, args)
 
 
 def fabric_check_args(settings: Settings, pool_name: str, platform: PlatformContext) -> FabricCheckArgs:
