@@ -92,7 +92,8 @@ def test_gpu_nodeconfig() -> None:
         "containerd": {
             "baseRuntimeSpec": {"process": {"rlimits": [{"type": "RLIMIT_NOFILE", "soft": 500000, "hard": 1048576}]}}
         },
-        "kubelet": {"config": {"cpuManagerPolicy": "static", "topologyManagerPolicy": "restricted"}},
+        "kubelet": {"config": {"cpuManagerPolicy": "static", "topologyManagerPolicy": "best-effort",
+                               "topologyManagerScope": "pod"}},
     }
 
 
@@ -112,7 +113,8 @@ def test_explicit_kubelet_settings_replace_role_default() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_pods": 0}, {"cpu_manager_policy": "dynamic"}, {"topology_manager_policy": "numa"}],
+    [{"max_pods": 0}, {"cpu_manager_policy": "dynamic"}, {"topology_manager_policy": "numa"},
+     {"topology_manager_scope": "node"}],
 )
 def test_kubelet_settings_reject_invalid_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):

@@ -48,6 +48,11 @@ POD_NOFILE_HARD: Final = 1048576
 
 CpuManagerPolicy = Literal["none", "static"]
 TopologyManagerPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+TopologyManagerScope = Literal["container", "pod"]
+# Policies under which the kubelet admits a pod whatever NUMA alignment its resources get: best-effort's
+# canAdmitPodResult always admits, none merges no hints (kubernetes pkg/kubelet/cm/topologymanager
+# policy_best_effort.go, policy_none.go). restricted and single-numa-node fail the pod with TopologyAffinityError.
+ADMITTING_POLICIES: Final = frozenset({"none", "best-effort"})
 
 
 class NodeRole(enum.StrEnum):
@@ -67,6 +72,7 @@ class KubeletSettings:
     max_pods: int | None = None
     cpu_manager_policy: CpuManagerPolicy | None = None
     topology_manager_policy: TopologyManagerPolicy | None = None
+    topology_manager_scope: TopologyManagerScope | None = None
 
     def __post_init__(self) -> None:
         # Values may come from stack YAML, where the Literal types are not enforced.
@@ -78,6 +84,10 @@ class KubeletSettings:
             TopologyManagerPolicy
         ):
             raise ValueError(f"unknown topology_manager_policy {self.topology_manager_policy!r}")
+        if self.topology_manager_scope is not None and self.topology_manager_scope not in get_args(
+            TopologyManagerScope
+        ):
+            raise ValueError(f"unknown topology_manager_scope {self.topology_manager_scope!r}")
 
     def kubelet_config(self) -> dict[str, object]:
         """The set fields as KubeletConfiguration keys."""
@@ -85,16 +95,26 @@ class KubeletSettings:
             "maxPods": self.max_pods,
             "cpuManagerPolicy": self.cpu_manager_policy,
             "topologyManagerPolicy": self.topology_manager_policy,
+            "topologyManagerScope": self.topology_manager_scope,
         }
         return {key: value for key, value in pairs.items() if value is not None}
 
 
-# GPU nodes: the static CPU manager gives Guaranteed training pods exclusive cores, so DataLoader workers
-# are not time-sliced with neighbours. The restricted topology manager then admits a pod only with the best
-# NUMA alignment of its CPUs and GPUs: a 4-GPU pod on a two-socket p4d/p5 stays on one socket, while an
-# 8-GPU pod may span both (single-numa-node would reject it). nodeadm always reserves kube CPU, which the
-# static policy requires.
-GPU_KUBELET: Final = KubeletSettings(cpu_manager_policy="static", topology_manager_policy="restricted")
+# GPU nodes: the static CPU manager gives Guaranteed training pods exclusive cores, so DataLoader workers are
+# not time-sliced with neighbours (nodeadm always reserves kube CPU, which the static policy requires).
+# The topology manager is best-effort, scope pod, on every GPU pool: it picks the narrowest NUMA alignment of the
+# pod's CPUs, GPUs and EFA devices together and admits the pod either way. restricted admits only a *preferred*
+# merged hint, and a merged hint is preferred only when every resource's preferred hint has the same NUMA mask
+# (kubernetes pkg/kubelet/cm/topologymanager/policy.go mergePermutation, policy_restricted.go; the CPU and device
+# managers prefer only masks of the request's minimal width: cpumanager/policy_static.go, devicemanager/
+# topology_hints.go). On a two-socket HGX host (p4d: aws-ofi-nccl topology/p4d-24xl-topo.xml, 4 GPUs a socket) the
+# fabric check (16 CPUs fit one socket, 8 GPUs need both) is rejected on an empty node, a
+# 1-4 GPU pod whenever free GPUs and free cores sit on different sockets, and a failed pod restarts its whole
+# Volcano job. No pool is kept on restricted: tenants submit their own pods to any pool, and a pod that takes the
+# whole node gets the same all-socket alignment under best-effort (its only hints span every NUMA node).
+# cpuManagerPolicyOptions full-pcpus-only is left off: it rejects an odd CPU count (SMTAlignmentError).
+GPU_KUBELET: Final = KubeletSettings(cpu_manager_policy="static", topology_manager_policy="best-effort",
+                                     topology_manager_scope="pod")
 
 
 def default_kubelet(role: NodeRole) -> KubeletSettings:
