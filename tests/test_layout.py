@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import platform
 import sysconfig
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "infra" / "trainyard"
+# The program's layers, bottom up: each may import the ones below it, never one above (DEVELOPERS.md, Style).
+# `program` joins the three resource layers; `plan` runs it offline. The package's small top-level modules (names,
+# paths, outputs) sit below them all.
+LAYERS = ("catalogue", "config", "cloud", "platform", "workloads", "program", "plan")
 
 
 def test_platform_folder_never_shadows_the_standard_library() -> None:
@@ -41,3 +48,25 @@ def test_requirements_are_pinned_exactly() -> None:
         line = line.strip()
         if line and not line.startswith("#"):
             assert "==" in line, f"requirements.txt: {line!r} is not pinned with =="
+
+
+def _imported(path: Path) -> set[str]:
+    """The trainyard subpackages a module imports, at any depth of its code (imports inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {name.split(".")[1] for name in names if name.startswith("trainyard.")}
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layers_import_only_downwards(layer: str) -> None:
+    above = set(LAYERS[LAYERS.index(layer) + 1:])
+    modules = sorted((PACKAGE / layer).rglob("*.py")) or [PACKAGE / f"{layer}.py"]
+    upward = {f"{path.relative_to(PACKAGE)} -> {target}" for path in modules for target in _imported(path) & above}
+    assert not upward, f"{layer} reaches up to a layer above it: {sorted(upward)}"

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.cloud import layer as cloud
 from trainyard.config import load_settings
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import read_stack, render
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.karpenter import Karpenter, KarpenterArgs
 from trainyard.platform.kube import HelmChart
 

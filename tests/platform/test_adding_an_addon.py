@@ -1,6 +1,6 @@
 """README "Adding an add-on", done for real: a copy of the repository gets an example add-on in exactly the three
-places (catalogue data, a component, the stack switch), with no other file touched, and its plan renders it
-wired like every other add-on: monitoring, ordering, settings and conformance.
+places (catalogue data, a component, the stack switch with its settings), with no other file touched, and its
+plan renders it wired like every other add-on: monitoring, ordering, settings and conformance.
 
 The chart is fictional (`example-exporter`), so its upstream values are a fixture here, in the layout
 `tools/upstream.py sync` produces; conformance checks the rendered values against them as it does for real charts.
@@ -43,18 +43,14 @@ DECLARATION = f"""  {KEY}:
     serviceMonitors: {{{CHART}: [serviceMonitor.enabled]}}
     pods: {{{CHART}: [{{name: example-exporter, at: ""}}]}}
 """
-# 2. The component: one release with a value computed from its own settings type.
+# 2. The component: one release with a value computed from its settings.
 COMPONENT = '''"""Example add-on: one chart, one computed value."""
 
 from __future__ import annotations
 
-from trainyard.config.model import AddonSwitch
+from trainyard.config.model import ExampleExporterSettings
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.chart_addon import ChartAddon, ChartAddonArgs
-
-
-class ExampleExporterSettings(AddonSwitch):
-    interval: str = "30s"
 
 
 def build(ctx: AddonContext) -> ChartAddon:
@@ -64,8 +60,16 @@ def build(ctx: AddonContext) -> ChartAddon:
         depends_on=ctx.monitored))
 
 
-COMPONENT = AddonCode(build=build, settings=ExampleExporterSettings)
+COMPONENT = AddonCode(build=build)
 '''
+# 3. Its settings beyond `enabled`: config's, typed in config/model.py.
+ANCHOR = "class AddonSettings(Model):"
+SETTINGS = '''class ExampleExporterSettings(AddonSwitch):
+    interval: str = "30s"
+
+
+'''
+SETTINGS_FIELD = "    example_exporter: ExampleExporterSettings = ExampleExporterSettings()\n"
 # Upstream defaults of the fictional chart (the fixture conformance checks against).
 UPSTREAM_VALUES = """nodeSelector: {}
 tolerations: []
@@ -94,12 +98,22 @@ def _add_example(repo: Path) -> None:
     (platform / CHART / "values.yaml").write_text(VALUES)
     (platform / "addons.yaml").write_text((platform / "addons.yaml").read_text() + DECLARATION)
     (repo / "infra" / "trainyard" / "platform" / "example_exporter.py").write_text(COMPONENT)
-    # 3. The stack switch: dev sets its interval (on by default), local turns it off.
+    # 3. The settings type and its field of AddonSettings; the stack switch: dev sets its interval (on by
+    # default), local turns it off.
+    model = repo / "infra" / "trainyard" / "config" / "model.py"
+    model.write_text(_with_settings(model.read_text()))
     for stack, section in (("dev", {"interval": "15s"}), ("local", {"enabled": False})):
         path = repo / "stacks" / f"Pulumi.{stack}.yaml"
         document = yaml.safe_load(path.read_text())
         document["config"].setdefault("trainyard:addons", {})[KEY] = section
         path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def _with_settings(model: str) -> str:
+    """config/model.py with the settings class before AddonSettings and its field last in AddonSettings."""
+    start = model.index(ANCHOR)
+    end = model.index("\n\n\n", start) + 1
+    return model[:start] + SETTINGS + model[start:end] + SETTINGS_FIELD + model[end:]
 
 
 def _upstream(tmp_path: Path) -> Path:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainyard.catalogue.charts import CatalogueError, deep_merge, load_catalogue
 from trainyard.plan.conformance import check_helm_values
-from trainyard.platform.catalogue import CatalogueError, deep_merge, load_catalogue
 from trainyard.platform.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.model import TimeSlicing
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.gpu_operator import device_plugin_configs
 from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
 from trainyard.platform.registry import load_registry

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from trainyard.catalogue.addons import MONITORING
+from trainyard.catalogue.charts import deep_merge
 from trainyard.config import Settings
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.engine_order import creation_order
@@ -19,8 +21,7 @@ from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
-from trainyard.platform.catalogue import deep_merge
-from trainyard.platform.registry import MONITORING, load_registry
+from trainyard.platform.registry import load_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = load_registry(REPO_ROOT)

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from trainyard.catalogue.addons import MONITORING
+from trainyard.catalogue.charts import CatalogueError
+from trainyard.config.addons import addons_section
 from trainyard.config.load import settings_model
 from trainyard.config.model import AddonSettings, AddonSwitch
-from trainyard.platform.catalogue import CatalogueError
 from trainyard.platform.registry import (
-    MONITORING,
     PROJECT_FILE,
     addons_description,
     load_registry,
-    settings_section,
     with_addons_description,
 )
 
@@ -89,22 +89,22 @@ def test_order_puts_the_cni_first_and_needs_before(tmp_path: Path) -> None:
     assert [a.name for a in registry.addons] == ["three", "two", "one"]
 
 
-def test_settings_section_is_built_from_the_registry() -> None:
+def test_settings_section_is_built_from_the_addon_declarations() -> None:
     section = settings_model().model_fields["addons"].annotation
     assert isinstance(section, type) and issubclass(section, AddonSettings)
     fields = {info.alias: info.annotation for info in section.model_fields.values()}
-    assert fields == {addon.name: addon.code.settings for addon in REGISTRY.addons if addon.switch}
+    typed = {name: info.annotation for name, info in AddonSettings.model_fields.items()}
+    assert fields == {addon.name: typed.get(addon.field, AddonSwitch) for addon in REGISTRY.addons if addon.switch}
     assert "karpenter" not in fields  # no stack switch: the cloud layer decides
 
 
-def test_typed_view_cannot_drift_from_the_registry() -> None:
-    without_cilium = dataclasses.replace(REGISTRY, addons=tuple(a for a in REGISTRY.addons if a.name != "cilium"))
-    with pytest.raises(CatalogueError, match=r"AddonSettings\.cilium is typed .*CiliumSettings"):
-        settings_section(without_cilium)
-    retyped = tuple(dataclasses.replace(a, code=dataclasses.replace(a.code, settings=AddonSwitch))
-                    if a.name == MONITORING else a for a in REGISTRY.addons)
-    with pytest.raises(CatalogueError, match=r"AddonSettings\.monitoring is typed .*MonitoringSettings"):
-        settings_section(dataclasses.replace(REGISTRY, addons=retyped))
+def test_typed_view_cannot_drift_from_the_declarations() -> None:
+    without_cilium = tuple(a for a in REGISTRY.addons if a.name != "cilium")
+    with pytest.raises(CatalogueError, match=r"AddonSettings\.cilium is no add-on of platform/addons\.yaml"):
+        addons_section(without_cilium)
+    switchless = tuple(dataclasses.replace(a, switch=False) if a.name == MONITORING else a for a in REGISTRY.addons)
+    with pytest.raises(CatalogueError, match=r"AddonSettings\.monitoring is no add-on .* with a stack switch"):
+        addons_section(switchless)
 
 
 def test_pulumi_yaml_describes_the_registered_addons() -> None:

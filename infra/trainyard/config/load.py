@@ -18,11 +18,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from trainyard import names
+from trainyard.catalogue.addons import load_addons
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import rules
+from trainyard.config.addons import addons_section
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
 from trainyard.paths import REPO_ROOT, TRAINER_CONFIGS_DIR
-from trainyard.platform.catalogue import load_catalogue
 
 # Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
 SECRET_KEYS = ("grafanaAdminPassword",)
@@ -56,11 +58,8 @@ def load_settings() -> tuple[Settings, Secrets]:
 
 @cache
 def settings_model() -> type[Settings]:
-    """Settings with its `addons` section built from the add-on registry (platform/addons.yaml)."""
-    # Imported here, at first use: the platform modules the registry loads import config types themselves.
-    from trainyard.platform.registry import load_registry, settings_section
-
-    section = settings_section(load_registry(REPO_ROOT))
+    """Settings with its `addons` section built from the add-on declarations (platform/addons.yaml)."""
+    section = addons_section(load_addons(REPO_ROOT))
     model: type[Settings] = pydantic.create_model("Settings", __base__=Settings, addons=(section, section()))
     return model
 

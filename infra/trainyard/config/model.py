@@ -288,9 +288,9 @@ class GpuHealthSettings(AddonSwitch):
 class AddonSettings(Model):
     """The typed view of the add-ons whose settings other layers read (config rules, the cloud layer).
 
-    The `addons` section stacks are validated against is built from the add-on registry
-    (`trainyard.platform.registry.settings_section`): one key per add-on of platform/addons.yaml, with the
-    settings type its component declares. The registry refuses a field here that it does not also build.
+    The `addons` section stacks are validated against is built from the add-on declarations
+    (`config.addons.addons_section`): one key per add-on of platform/addons.yaml with a stack switch, typed as
+    declared here, a plain AddonSwitch when it has no field here. A field naming no such add-on is refused.
     """
 
     cilium: CiliumSettings = CiliumSettings()

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+from trainyard.catalogue.addons import ChartPod
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_model import PodNeeds, Requirement, Toleration, quantity
-from trainyard.platform.addon import ChartPod
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.registry import load_registry
 
 

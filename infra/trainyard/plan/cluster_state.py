@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.chart_pods import affinity_terms, chart_name, lookup
@@ -31,7 +32,6 @@ from trainyard.plan.cluster_model import (
     satisfies,
 )
 from trainyard.plan.recording import ResourceRecord
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.registry import load_registry
 
 RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -30,7 +30,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, all_versions
 from packaging.version import Version
 
-from trainyard.platform.catalogue import deep_merge
+from trainyard.catalogue.charts import deep_merge
 
 # Problem kinds: schema/key violations vs. data we could not check at all.
 INVALID = "invalid"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.chart_pods import chart_name, lookup, pod_needs, release_pods
 from trainyard.plan.cluster_model import (
@@ -32,7 +33,6 @@ from trainyard.plan.cluster_model import (
 )
 from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, ClusterState, ceph_cluster_problem
 from trainyard.plan.recording import ResourceRecord
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.registry import load_registry
 
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"

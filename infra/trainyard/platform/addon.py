@@ -1,26 +1,26 @@
-"""The add-on interface: what an add-on declares (platform/addons.yaml), the code a special one brings, and what
-the platform layer hands each add-on when it builds it.
+"""The add-on interface: the code a special add-on brings to its declaration (platform/addons.yaml, read by
+trainyard.catalogue.addons), and what the platform layer hands each add-on when it builds it.
 
 An add-on is data first: its charts, the CRD groups they install, its metrics and what it waits for. Most need
 no code beyond the generic one-release component (`chart_addon.py`); special ones (Cilium, Monitoring, the GPU
-Operator, Rook, Karpenter, Alluxio) declare a `COMPONENT` in their module: how to build, their settings type and
-when they apply beyond their switch. Waiting for the CNI and for monitoring, and turning chart ServiceMonitors
-on or off, is done here once for all of them.
+Operator, Rook, Karpenter, Alluxio) declare a `COMPONENT` in their module: how to build and when they apply
+beyond their switch. Settings beyond `enabled` are config's (`AddonSettings`, config/model.py). Waiting for the
+CNI and for monitoring, and turning chart ServiceMonitors on or off, is done here once for all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
 import pulumi
-from pydantic.alias_generators import to_pascal, to_snake
 
+from trainyard.catalogue.addons import AddonSpec
+from trainyard.catalogue.charts import Catalogue, deep_merge
 from trainyard.cloud.context import ClusterContext
 from trainyard.config import Secrets, Settings
 from trainyard.config.model import AddonSwitch
-from trainyard.platform.catalogue import Catalogue, deep_merge
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.ebs import EbsStorageClass
 from trainyard.platform.kube import HelmChart
@@ -35,39 +35,6 @@ class Installed(Protocol):
     def release(self) -> pulumi.Resource: ...
 
 
-@dataclass(frozen=True)
-class ScrapeTarget:
-    """A Service serving Prometheus metrics that no chart ServiceMonitor covers."""
-
-    name: str
-    namespace: str
-    selector: Mapping[str, str]
-    port: str
-    honor_labels: bool = False
-    # Values paths of the add-on's first chart that must be on for the Service to exist and serve metrics.
-    when: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ChartPod:
-    """One Deployment/StatefulSet (or hook Job) of a chart that a waiting install needs running: where its
-    placement keys live in the chart's values and the chart's defaults for them (the rehearsal's pod model)."""
-
-    name: str
-    at: str  # dotted values path holding nodeSelector / tolerations / affinity / replicas ("" = top level)
-    enabled: str | None = None  # dotted path of the switch that deploys it; None: always deployed
-    enabled_default: bool = True
-    replicas: int = 1
-    spread: bool = False  # the chart's default affinity keeps replicas on distinct nodes (required)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] = field(default_factory=dict)
-    selector_key: str = "nodeSelector"
-    tolerations_key: str = "tolerations"
-    replicas_key: str = "replicas"
-    hook: bool = False  # a Helm hook Job: Helm runs it to completion even without --wait
-
-
 def _always(_: Settings) -> bool:
     return True
 
@@ -77,45 +44,19 @@ class AddonCode:
     """What a special add-on's module declares as `COMPONENT`."""
 
     build: Callable[[AddonContext], Installed]
-    # Its `trainyard:addons.<key>` section; plain switches need no type of their own.
-    settings: type[AddonSwitch] = AddonSwitch
     # Conditions beyond the switch (GPU pools exist, the target is AWS): off when false, without a config error.
     applies: Callable[[Settings], bool] = _always
 
 
-@dataclass(frozen=True)
-class Addon:
-    """One entry of platform/addons.yaml with its code (see that file for what each field means)."""
+@dataclass(frozen=True, kw_only=True)
+class Addon(AddonSpec):
+    """One declaration of platform/addons.yaml with the code that builds it."""
 
-    name: str
-    charts: tuple[str, ...]
     code: AddonCode
-    optional_charts: frozenset[str] = frozenset()
-    crds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    needs: tuple[str, ...] = ()
-    cni: bool = False
-    service_monitors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    scrape: tuple[ScrapeTarget, ...] = ()
-    pods: Mapping[str, tuple[ChartPod, ...]] = field(default_factory=dict)
-    after_tenants: bool = False
-    switch: bool = True
 
-    @property
-    def field(self) -> str:
-        """The attribute of `Settings.addons` holding its section."""
-        return to_snake(self.name)
-
-    @property
-    def resource_name(self) -> str:
-        return to_snake(self.name).replace("_", "-")
-
-    @property
-    def type_name(self) -> str:
-        return to_pascal(self.field)
-
-    @property
-    def exposes_metrics(self) -> bool:
-        return bool(self.service_monitors or self.scrape)
+    @classmethod
+    def of(cls, spec: AddonSpec, code: AddonCode) -> Addon:
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(spec)}, code=code)
 
 
 @dataclass(frozen=True)

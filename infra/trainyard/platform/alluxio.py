@@ -165,4 +165,4 @@ def _gpu_pools_on_aws(stack: Settings) -> bool:
     return stack.is_aws and bool(stack.pools("gpu"))
 
 
-COMPONENT = AddonCode(build=build, settings=AlluxioSettings, applies=_gpu_pools_on_aws)
+COMPONENT = AddonCode(build=build, applies=_gpu_pools_on_aws)

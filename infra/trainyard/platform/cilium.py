@@ -66,4 +66,4 @@ def build(ctx: AddonContext) -> Cilium:
         hubble_ui=ctx.settings(CiliumSettings).hubble_ui))
 
 
-COMPONENT = AddonCode(build=build, settings=CiliumSettings)
+COMPONENT = AddonCode(build=build)

@@ -241,4 +241,4 @@ def _has_gpu_pools(stack: Settings) -> bool:
     return bool(stack.pools("gpu"))
 
 
-COMPONENT = AddonCode(build=build, settings=GpuHealthSettings, applies=_has_gpu_pools)
+COMPONENT = AddonCode(build=build, applies=_has_gpu_pools)

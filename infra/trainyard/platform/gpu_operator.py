@@ -122,4 +122,4 @@ def _has_gpu_pools(stack: Settings) -> bool:
     return bool(stack.pools("gpu"))
 
 
-COMPONENT = AddonCode(build=build, settings=GpuOperatorSettings, applies=_has_gpu_pools)
+COMPONENT = AddonCode(build=build, applies=_has_gpu_pools)

@@ -9,8 +9,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from trainyard.catalogue.charts import ChartPin, deep_merge
 from trainyard.cloud.context import ClusterContext
-from trainyard.platform.catalogue import ChartPin, deep_merge
 
 MANAGED_BY = "pulumi"
 PART_OF = "trainyard"

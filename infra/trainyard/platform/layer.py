@@ -14,16 +14,17 @@ from collections.abc import Mapping
 
 import pulumi
 
+from trainyard.catalogue.addons import MONITORING
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.cloud.addons import EksAddons, after_cni_addons
 from trainyard.cloud.context import ClusterContext
 from trainyard.config import Secrets, Settings
 from trainyard.paths import REPO_ROOT
 from trainyard.platform.addon import Addon, AddonContext, Installed
 from trainyard.platform.alluxio import Alluxio
-from trainyard.platform.catalogue import load_catalogue
 from trainyard.platform.context import PlatformContext, TenantFacts
 from trainyard.platform.ebs import EbsStorageClass, EbsStorageClassArgs
-from trainyard.platform.registry import MONITORING, load_registry
+from trainyard.platform.registry import load_registry
 from trainyard.platform.rook_ceph import RookCeph
 from trainyard.platform.tenants import TRAINING_PRIORITY_CLASS, Tenants, TenantsArgs
 

@@ -14,10 +14,11 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 import yaml
 
+from trainyard.catalogue.addons import ScrapeTarget
 from trainyard.cloud.context import ClusterContext
 from trainyard.config.model import MonitoringSettings
 from trainyard.paths import PLATFORM_DIR
-from trainyard.platform.addon import AddonCode, AddonContext, ScrapeTarget
+from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
 
@@ -166,4 +167,4 @@ def _yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-COMPONENT = AddonCode(build=build, settings=MonitoringSettings)
+COMPONENT = AddonCode(build=build)

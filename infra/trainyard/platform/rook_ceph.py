@@ -140,4 +140,4 @@ def _on_aws(stack: Settings) -> bool:
     return stack.is_aws
 
 
-COMPONENT = AddonCode(build=build, settings=RookCephSettings, applies=_on_aws)
+COMPONENT = AddonCode(build=build, applies=_on_aws)

@@ -1,7 +1,7 @@
-"""The platform catalogue: chart pins from `platform/charts.yaml` and base Helm values per release.
+"""The chart catalogue: chart pins from `platform/charts.yaml` and base Helm values per release.
 
-`platform/` is data only; this module is the one place that reads it, validates it and hands out copies, so
-no caller can mutate the shared base values and no version string lives anywhere else.
+`platform/` is data only; this module is the one place that reads the pins and values, validates them and hands
+out copies, so no caller can mutate the shared base values and no version string lives anywhere else.
 """
 
 from __future__ import annotations
