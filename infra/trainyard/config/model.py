@@ -15,9 +15,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 
 from trainyard.config import name_rules
+from trainyard.config.quantity import parse_quantity
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[a-z0-9.\-/:_]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127})$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
@@ -39,8 +39,7 @@ def _dns_label(value: str) -> str:
 
 
 def _quantity(value: str) -> str:
-    if not _QUANTITY.match(value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '64', '16Gi' or '2Ti'")
+    parse_quantity(value)
     return value
 
 

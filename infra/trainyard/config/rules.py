@@ -14,6 +14,7 @@ from trainyard.config import name_rules
 from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, Settings, TenantResources
+from trainyard.config.quantity import parse_quantity
 from trainyard.names import fabric_check_job
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
@@ -35,8 +36,6 @@ _GENERATED = (
     (name_rules.SQS_QUEUE.problem, "karpenter"),
     (name_rules.EKS_CLUSTER.problem, ""),
 )
-_QUANTITY_UNITS: dict[str, Decimal | int] = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9,
-                                             "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 # A problem with the stack's name rather than one of its keys.
@@ -91,11 +90,6 @@ def _names(s: Settings) -> Iterator[Problem]:
     for i, pool in enumerate(s.node_pools):
         if pool.role != "gpu" and (problem := name_rules.EKS_NODE_GROUP.problem(f"{prefix}-{pool.name}")):
             yield Problem(f"nodePools[{i}].name", problem)
-
-
-def _quantity(text: str) -> Decimal:
-    number = text.rstrip("kMGTi" + "m")
-    return Decimal(number) * _QUANTITY_UNITS[text[len(number):]]
 
 
 def _target(s: Settings) -> Iterator[Problem]:
@@ -308,7 +302,7 @@ def _cache_on_storage_nodes(s: Settings) -> Iterator[Problem]:
     types = [t for p in storage for t in _pool_types(p)]
     smallest = min(t.memory_gib for t in types) if types else 0
     limit = Decimal(smallest) * CACHE_MEMORY_SHARE * 2**30
-    if smallest and _quantity(s.addons.alluxio.memory_cache) > limit:
+    if smallest and parse_quantity(s.addons.alluxio.memory_cache) > limit:
         yield Problem("addons.alluxio.memoryCache", f"{s.addons.alluxio.memory_cache} is more than half of the "
                                                     f"smallest storage node's memory ({smallest}Gi), which Ceph shares")
 
@@ -341,7 +335,7 @@ def _tenants(s: Settings, taken: frozenset[str]) -> Iterator[Problem]:
 def _quota_below_capability(at: str, quota: TenantResources, capability: TenantResources) -> Iterator[Problem]:
     """A namespace quota below its queue's capability (0 = unlimited on either side) strands the difference."""
     for key in ("gpu", "cpu", "memory"):
-        limit, share = _quantity(str(getattr(quota, key))), _quantity(str(getattr(capability, key)))
+        limit, share = parse_quantity(str(getattr(quota, key))), parse_quantity(str(getattr(capability, key)))
         if limit and share and limit < share:
             yield Problem(f"{at}.{key}", f"{getattr(quota, key)} is below the queue capability "
                                          f"{getattr(capability, key)}: the queue could never be used fully")

@@ -8,12 +8,13 @@ node offers.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from trainyard.config.quantity import parse_quantity
 
 # Taint effects that keep a pod off a node; PreferNoSchedule only lowers the score
 # (kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration).
@@ -21,18 +22,12 @@ _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # EKS's API spells effects in upper snake case (eks CreateNodegroup Taint.effect).
 _EKS_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
-_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
 GIB = 2.0**30
 
 
 def quantity(value: Any) -> float:
-    """A Kubernetes resource quantity ("500m", "64Gi", 8) as a number (cores, bytes, devices)."""
-    match = _QUANTITY.match(str(value).strip())
-    if match is None or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
+    """A resource amount of a rendered object ("500m", "64Gi", 8) as a number (cores, bytes, devices)."""
+    return float(parse_quantity(str(value).strip()))
 
 
 @dataclass(frozen=True, slots=True)

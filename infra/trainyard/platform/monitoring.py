@@ -3,7 +3,6 @@ prometheus-adapter serving GPU utilization as a custom metric for HPAs."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 from trainyard.catalogue.addons import ScrapeTarget
 from trainyard.cloud.context import ClusterContext
 from trainyard.config.model import MonitoringSettings
+from trainyard.config.quantity import parse_quantity
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
@@ -29,8 +29,7 @@ GRAFANA_PASSWORD_KEY = "admin-password"
 DASHBOARD_LABEL = "grafana_dashboard"
 # Prometheus trims old blocks at this share of the volume, before the disk fills and it stops ingesting.
 RETENTION_SHARE = 0.85
-_GIB = {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024, "M": 1e6 / 2**30, "G": 1e9 / 2**30, "T": 1e12 / 2**30}
-_QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>Mi|Gi|Ti|M|G|T)$")
+_GIB = 2**30
 
 RULES_DIR = PLATFORM_DIR / "monitoring" / "rules"
 DASHBOARDS_DIR = PLATFORM_DIR / "monitoring" / "dashboards"
@@ -56,16 +55,9 @@ class MonitoringArgs:
     depends_on: Sequence[pulumi.Resource] = ()
 
 
-def gib(quantity: str) -> float:
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"storage size {quantity!r}: expected a number with Mi, Gi, Ti, M, G or T")
-    return float(match["number"]) * _GIB[match["unit"]]
-
-
 def retention_size(storage_size: str) -> str:
     """Prometheus' size-based retention for a volume (its GB are GiB)."""
-    return f"{max(1, int(gib(storage_size) * RETENTION_SHARE))}GB"
+    return f"{max(1, int(float(parse_quantity(storage_size)) / _GIB * RETENTION_SHARE))}GB"
 
 
 def gpu_utilization_metric(adapter_rules: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.config.mig import WHOLE_GPU_RESOURCE
+from trainyard.config.quantity import quantity_bytes
 from trainyard.names import POOL_LABEL, fabric_check_job
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
@@ -126,7 +127,7 @@ def check_resources(pool: PoolFacts) -> sizing.PodResources:
         accelerators={WHOLE_GPU_RESOURCE: gpus, sizing.EFA_RESOURCE: pool.efa_interfaces},
         millicpu=gpus * MILLICPU_PER_GPU,
         # /dev/shm is memory-backed and counts against the limit.
-        memory_bytes=gpus * MEMORY_PER_GPU + sizing.quantity_bytes(SHM_SIZE),
+        memory_bytes=gpus * MEMORY_PER_GPU + quantity_bytes(SHM_SIZE),
         processes=gpus,
     )
 

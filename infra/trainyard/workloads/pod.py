@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainyard.cloud.context import PoolFacts
+from trainyard.config.quantity import quantity_bytes
 from trainyard.names import GPU_TAINT_KEY, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
 from trainyard.platform.kube import labels
 from trainyard.workloads import launch
 from trainyard.workloads.args import TrainingJobArgs
-from trainyard.workloads.sizing import EFA_RESOURCE, PodResources, quantity_bytes
+from trainyard.workloads.sizing import EFA_RESOURCE, PodResources
 
 JOB_LABEL = "trainyard.io/job"
 TENANT_LABEL = "trainyard.io/tenant"

@@ -6,8 +6,6 @@ them last under memory pressure, and the static CPU manager can give them exclus
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 
 from trainyard.cloud.context import PoolFacts
@@ -27,19 +25,6 @@ MIN_HEADROOM_BYTES = 8 * GIB
 CPU_ONLY_MILLICPU = 2000
 CPU_ONLY_MEMORY_BYTES = 4 * GIB
 CPU_ONLY_PROCESSES = 2
-
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
-_FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-            "Ki": 1024, "Mi": MIB, "Gi": GIB, "Ti": 1024**4}
-
-
-def quantity_bytes(quantity: str) -> int:
-    """A Kubernetes quantity ("64Gi", "2Ti", "500M") in bytes, rounded up."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"{quantity!r} is not a Kubernetes quantity")
-    return math.ceil(float(match.group(1)) * _FACTORS[match.group(2)])
-
 
 @dataclass(frozen=True, slots=True)
 class PodResources:
