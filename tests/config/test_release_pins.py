@@ -109,3 +109,26 @@ def test_helm_index_and_registry_tag_parsers() -> None:
                                                                                            "1.19.4"]
     assert tool.parse_registry_tags((FIXTURES / "registry-tags.json").read_text()) == ["1.14.1", "1.14.0",
                                                                                        "1.13.2", "v1.2.0"]
+
+
+def test_a_digest_is_confirmed_only_as_its_tags(tmp_path: Path) -> None:
+    """Karpenter's image is `repository:tag@digest` and the digest is what is pulled: the pinned digest must be the
+    one the release data records for the pinned tag, not another release's (the 1.14.1 source tree carries
+    1.13.0's)."""
+    pins = {p.name: p for p in all_pins(REPO_ROOT)}
+    (digest,) = [p for p in pins.values() if p.name.startswith("image/public.ecr.aws/karpenter/controller:1.14.1@")]
+    assert digest.confirmed
+    data = tmp_path / "release_data"
+    shutil.copytree(DATA_DIR, data)
+    images = yaml.safe_load((data / "images.yaml").read_text())
+    images["images"]["public.ecr.aws/karpenter/controller"]["digests"] = {
+        "1.14.1": "sha256:ea731b0cd813add8b2947a76bfe861c38069d85922b01d0c1647d1466279b7fe"}
+    (data / "images.yaml").write_text(yaml.safe_dump(images))
+    assert digest.name in {p.name for p in all_pins(REPO_ROOT, data) if not p.confirmed}
+
+
+def test_the_gpu_operators_own_images_are_pinned_to_its_release() -> None:
+    """Operator, validator and node-status-exporter default to .Chart.AppVersion, "main-latest" in the source."""
+    catalogue = yaml.safe_load((REPO_ROOT / "platform" / "charts.yaml").read_text())["releases"]["gpu-operator"]
+    assert {path: tag for path, tag in catalogue["images"].items()} == {
+        f"{part}.version": catalogue["version"] for part in ("operator", "validator", "nodeStatusExporter")}

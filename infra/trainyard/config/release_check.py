@@ -22,6 +22,7 @@ _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.M)
 # Karpenter's AMI alias is `<family>@<version>`, the version `latest` or `v<date>` of an EKS AMI release
 # (karpenter.sh/docs/tasks/managing-amis: `alias: al2023@v20240807` pins one release).
 _ALIAS = re.compile(r"^al2023@v(\d{8})$")
+_DIGEST = "sha256:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,15 +79,26 @@ def chart_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
         confirmed = str(entry["version"]) in map(str, known.get("versions", [])) \
             and known.get("repository") == entry["repository"]
         yield Pin(f"chart/{chart}={entry['version']}", "platform/charts.yaml", confirmed)
-        for path, tag in (entry.get("images") or {}).items():
+        pinned = {images["chart_image_values"].get(chart, {}).get(path, f"<{chart} {path}>"): str(value)
+                  for path, value in (entry.get("images") or {}).items() if not str(value).startswith(_DIGEST)}
+        for path, value in (entry.get("images") or {}).items():
             repository = images["chart_image_values"].get(chart, {}).get(path, f"<{chart} {path}>")
-            yield _image_pin(f"{repository}:{tag}", "platform/charts.yaml", images)
+            if str(value).startswith(_DIGEST):
+                yield _digest_pin(repository, pinned.get(repository), str(value), "platform/charts.yaml", images)
+            else:
+                yield _image_pin(f"{repository}:{value}", "platform/charts.yaml", images)
 
 
 def _image_pin(reference: str, source: str, images: Mapping[str, Any]) -> Pin:
     repository, _, tag = reference.rpartition(":")
     known = (images["images"].get(repository) or {}).get("versions", [])
     return Pin(f"image/{reference}", source, tag in map(str, known))
+
+
+def _digest_pin(repository: str, tag: str | None, digest: str, source: str, images: Mapping[str, Any]) -> Pin:
+    """A digest is confirmed only as the one release data records for the tag pinned beside it."""
+    digests = (images["images"].get(repository) or {}).get("digests") or {}
+    return Pin(f"image/{repository}:{tag}@{digest}", source, tag is not None and digests.get(tag) == digest)
 
 
 def image_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
