@@ -20,8 +20,7 @@ from typing import Final, Literal, get_args
 import yaml
 
 CACHE_MOUNT: Final = "/mnt/trainyard-cache"
-"""Where GPU nodes mount their NVMe instance store (formerly Alluxio's SSD tier; the cache now lives on storage nodes,
-in memory, and nothing in the platform uses this mount)."""
+"""Where GPU nodes mount their NVMe instance store: the warm tier of the dataset cache (platform/alluxio.py)."""
 CACHE_LABEL: Final = "TYCACHE"
 """XFS label of that cache filesystem."""
 

@@ -32,4 +32,6 @@ class PlatformContext:
     checkpoint_storage: tuple[pulumi.Resource, ...] = ()
     # Name of the read-only dataset PVC Fluid creates in each tenant namespace, when Alluxio is on.
     dataset_claim: str | None = None
+    # The directory of that claim the cache's data shows at ("" = its root; alluxio.claim_subpath).
+    dataset_subpath: str = ""
     training_priority_class: str = "trainyard-training"

@@ -91,4 +91,5 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         checkpoint_storage_class=rook.checkpoint_storage_class if isinstance(rook, RookCeph) else None,
         checkpoint_storage=(rook.storage.release,) if isinstance(rook, RookCeph) else (),
         dataset_claim=alluxio.claim if isinstance(alluxio, Alluxio) else None,
+        dataset_subpath=alluxio.claim_subpath if isinstance(alluxio, Alluxio) else "",
         training_priority_class=TRAINING_PRIORITY_CLASS)

@@ -11,9 +11,18 @@ from trainyard.names import GPU_TAINT_KEY, ROLE_LABEL
 
 def tolerations_for(pools: Iterable[PoolFacts]) -> list[dict[str, str]]:
     """One toleration per distinct taint of `pools`, plus the GPU taint (always on GPU nodes), sorted."""
-    seen: dict[tuple[str, str, str], dict[str, str]] = {
-        (GPU_TAINT_KEY, "", "NoSchedule"): {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
-    }
+    return _tolerations(pools, gpu=True)
+
+
+def taint_tolerations(pools: Iterable[PoolFacts]) -> list[dict[str, str]]:
+    """Exactly the taints of `pools`, sorted: for pods that must land on those pools and no tainted other."""
+    return _tolerations(pools, gpu=False)
+
+
+def _tolerations(pools: Iterable[PoolFacts], *, gpu: bool) -> list[dict[str, str]]:
+    seen: dict[tuple[str, str, str], dict[str, str]] = {}
+    if gpu:
+        seen[(GPU_TAINT_KEY, "", "NoSchedule")] = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
     for pool in pools:
         for taint in pool.taints:
             toleration = {"key": taint.key, "effect": taint.effect}

@@ -9,6 +9,7 @@ import pulumi
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.config.model import Job
 from trainyard.platform.context import TenantFacts
+from trainyard.workloads import launch
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class TrainingJobArgs:
     # The checkpoint claim waits for these (the Ceph storage release): it binds only once CephFS serves.
     checkpoint_storage: tuple[pulumi.Resource, ...] = ()
     dataset_claim: str | None = None
+    # The directory of that claim the cache's data shows at (Fluid's mount-path rule; "" = its root).
+    dataset_subpath: str = ""
     volcano: pulumi.Resource | None = None
     # The kube-prometheus-stack release; a PodMonitor is only created when it is set.
     monitoring: pulumi.Resource | None = None
@@ -35,3 +38,8 @@ class TrainingJobArgs:
     @property
     def namespace(self) -> str:
         return self.tenant.namespace
+
+    @property
+    def datasets(self) -> str:
+        """Where the trainer finds datasets in its pod."""
+        return launch.dataset_root(self.dataset_subpath)

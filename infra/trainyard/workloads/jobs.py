@@ -103,7 +103,7 @@ class ElasticTrainingJob(_TrainingJob):
         multi_node = job.max_nodes > 1
         resources = (sizing.whole_gpus(args.pool, job.gpus_per_node, efa=multi_node) if args.pool
                      else sizing.cpu_only())
-        command, arguments = launch.elastic(job, args.namespace, resources.processes)
+        command, arguments = launch.elastic(job, args.namespace, resources.processes, datasets=args.datasets)
         return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never",
                         same_zone=multi_node)
 
@@ -126,7 +126,8 @@ class MigTrainingJob(_TrainingJob):
         if args.pool is None or args.job.mig_profile is None:
             raise ValueError(f"MIG job {args.job.name!r} needs a nodePool and a migProfile")
         resources = sizing.mig_slice(args.pool, args.job.mig_profile)
-        command, arguments = launch.single_node(args.job, resources.processes, launch.TORCHRUN_MAX_RESTARTS)
+        command, arguments = launch.single_node(args.job, resources.processes, launch.TORCHRUN_MAX_RESTARTS,
+                                                datasets=args.datasets)
         return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never")
 
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -148,7 +149,7 @@ class SmokeTrainingJob(_TrainingJob):
                      else sizing.cpu_only())
         # No retries anywhere: a smoke test that fails must show as failed.
         command, arguments = launch.single_node(args.job, resources.processes, 0,
-                                                f"train.steps={launch.SMOKE_STEPS}")
+                                                f"train.steps={launch.SMOKE_STEPS}", datasets=args.datasets)
         return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never")
 
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

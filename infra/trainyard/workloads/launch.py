@@ -13,6 +13,8 @@ torchrun (whose agent would retry it like a crash), and the Volcano job terminat
 
 from __future__ import annotations
 
+import posixpath
+
 from trainyard.config.model import Job
 
 RDZV_PORT = 29400
@@ -62,26 +64,33 @@ def rendezvous_endpoint(job_name: str, namespace: str) -> str:
     return f"{job_name}-{WORKER_TASK}-0.{job_name}.{namespace}.svc:{RDZV_PORT}"
 
 
-def trainer_module_args(job: Job, *overrides: str) -> list[str]:
-    """`-m trainyard_train` with the mounted config and the overrides the pod's layout dictates."""
+def dataset_root(claim_subpath: str = "") -> str:
+    """Where datasets sit in the pod: the claim's mount, plus the directory of the claim the cache's data shows at
+    (platform/alluxio.py `claim_subpath`, Fluid's mount-path rule)."""
+    return posixpath.join(DATASET_DIR, claim_subpath.strip("/")).rstrip("/")
+
+
+def trainer_module_args(job: Job, *overrides: str, datasets: str = DATASET_DIR) -> list[str]:
+    """`-m trainyard_train` with the mounted config and the overrides the pod's layout dictates; `datasets` is
+    where the dataset claim shows the cache's data (`dataset_root`)."""
     return [
         "-m", "trainyard_train", "--config", f"{CONFIG_DIR}/{job.trainer_config}",
         f"run_dir={CHECKPOINT_DIR}",
         # The trainer's own watchdog must fire before the kubelet's SIGKILL (terminationGracePeriodSeconds).
         f"shutdown.grace_period_s={job.checkpoint_grace_seconds}",
-        *_dataset_overrides(job),
+        *_dataset_overrides(job, datasets),
         *overrides,
     ]
 
 
-def _dataset_overrides(job: Job) -> list[str]:
+def _dataset_overrides(job: Job, datasets: str) -> list[str]:
     """Read prepared shards from the dataset mount; never write into it (it is read-only)."""
     if job.dataset is None:
         return []
-    return [f"data.path={DATASET_DIR}/{job.dataset}", "data.generate=false"]
+    return [f"data.path={posixpath.join(datasets, job.dataset)}", "data.generate=false"]
 
 
-def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[str]]:
+def elastic(job: Job, namespace: str, processes: int, *, datasets: str = DATASET_DIR) -> tuple[list[str], list[str]]:
     """(command, args) of a multi-node elastic job: torchrun --nnodes=MIN:MAX over c10d."""
     args = [
         f"--nnodes={job.min_nodes}:{job.max_nodes}",
@@ -92,16 +101,17 @@ def elastic(job: Job, namespace: str, processes: int) -> tuple[list[str], list[s
         f"--rdzv-id={namespace}-{job.name}",
         f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
         f"--shutdown-timeout={shutdown_timeout(job)}",
-        *trainer_module_args(job),
+        *trainer_module_args(job, datasets=datasets),
     ]
     return ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"], args
 
 
-def single_node(job: Job, processes: int, max_restarts: int, *overrides: str) -> tuple[list[str], list[str]]:
+def single_node(job: Job, processes: int, max_restarts: int, *overrides: str,
+                datasets: str = DATASET_DIR) -> tuple[list[str], list[str]]:
     """(command, args) of a one-pod job: torchrun's standalone rendezvous on localhost."""
     args = [
         "--standalone", "--nnodes=1", f"--nproc-per-node={processes}", f"--max-restarts={max_restarts}",
         f"--shutdown-timeout={shutdown_timeout(job)}",
-        *trainer_module_args(job, *overrides),
+        *trainer_module_args(job, *overrides, datasets=datasets),
     ]
     return ["sh", "-c", SINGLE_NODE_WRAPPER, "torchrun"], args

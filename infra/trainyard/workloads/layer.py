@@ -59,6 +59,7 @@ def job_args(job: Job, platform: PlatformContext, *, protect: bool) -> TrainingJ
         checkpoint_storage_class=platform.checkpoint_storage_class,
         checkpoint_storage=platform.checkpoint_storage,
         dataset_claim=platform.dataset_claim,
+        dataset_subpath=platform.dataset_subpath,
         volcano=platform.volcano,
         monitoring=platform.monitoring,
         protect=protect,

@@ -121,7 +121,11 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if args.dataset_claim is not None:
-        mounts.append({"name": "dataset", "mountPath": launch.DATASET_DIR, "readOnly": True})
+        # HostToContainer: when Fluid's CSI plugin remounts a restarted FUSE pod (FuseRecovery), the new mount
+        # propagates into this container (fluid docs/en/samples/fuse_recover.md @ v1.0.8); without it the trainer
+        # keeps a dead mount (ENOTCONN) until its pod is recreated.
+        mounts.append({"name": "dataset", "mountPath": launch.DATASET_DIR, "readOnly": True,
+                       "mountPropagation": "HostToContainer"})
     return {
         "name": "trainer",
         "image": args.job.image,
