@@ -80,7 +80,7 @@ class Run:
 def start(run_dir: Path, overrides: Sequence[str], *, nproc: int = 1, max_restarts: int = 0) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "trainyard_train.agent", "--standalone", f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
         "-m", "trainyard_train", "--config", str(CONFIG), f"run_dir={run_dir}", *COMMON, *BATCH, *overrides,
     ]  # fmt: skip

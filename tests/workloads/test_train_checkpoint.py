@@ -24,6 +24,7 @@ from trainyard_train.checkpoint import (
     torn_reason,
     write_commit,
 )
+from trainyard_train.config import ConfigError
 
 
 def fake_checkpoint(root: Path, step: int, commit: bool = True) -> Path:
@@ -145,7 +146,8 @@ def test_refuses_to_start_over_when_no_complete_checkpoint_loads(
     ckpt.save(1, {"w": torch.ones(2)}, {"world_size": 1})
     metadata = step_dir(tmp_path, 1) / ".metadata"
     metadata.write_bytes(b"\0" * metadata.stat().st_size)
-    with pytest.raises(RuntimeError, match="refusing to start over"):
+    # Final (the config-error class), naming the key and the step: no retry would read these files differently.
+    with pytest.raises(ConfigError, match=r"^run_dir: no checkpoint under .* \(step-00000001: .*refusing to start"):
         ckpt.load_latest(lambda _r, _m: {"w": torch.empty(2)}, lambda _s: None)
     assert (
         Checkpointer(

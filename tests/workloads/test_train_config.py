@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import trainer_launch
-from trainyard_train.config import CONFIG_ERROR_EXIT_CODE, ConfigError, load_config, parse_config
+from trainyard_train.config import ConfigError, load_config, parse_config
+from trainyard_train.exitcodes import CONFIG_ERROR as CONFIG_ERROR_EXIT_CODE
 from trainyard_train.loop import accumulation_steps, changed_keys
 
 CONFIGS = Path(trainer_launch.WORKLOADS) / "configs"

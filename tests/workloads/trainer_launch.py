@@ -68,9 +68,22 @@ class Launch:
         return self.log_path.read_text()
 
     def worker_pids(self) -> list[int]:
-        """Direct children of the torchrun agent are the worker processes."""
+        """Direct children of the node agent are the worker processes."""
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         return [int(pid) for pid in children]
+
+
+def running(pids: list[int]) -> list[int]:
+    """The processes among ``pids`` that still run (a zombie has finished)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
 
 
 def launch(
@@ -89,7 +102,7 @@ def launch(
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "trainyard_train.agent",  # torchrun's agent behind the exit-code contract, as the jobs launch it
             f"--nnodes=1:{nproc}",
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",

@@ -85,12 +85,13 @@ def test_elastic_without_autoscaling_keeps_its_minimum_size(prod: Recording) -> 
     assert "--nnodes=1:4" in _container(_job(prod, "finetune-h200"))["args"]
 
 
-def test_elastic_restart_policies_leave_evictions_to_torchrun(prod: Recording) -> None:
+def test_elastic_restart_policies_restart_only_the_lost_pod(prod: Recording) -> None:
     spec = _job(prod, "pretrain-h100").inputs["spec"]
-    # In order: the config-error exit code ends the job before the PodFailed policy could restart it.
+    # In order: the config-error exit code ends the job before the PodFailed policy could restart it; any other
+    # failed pod (an evicted one turns Failed first) is recreated alone, never the whole gang.
     assert spec["policies"] == [
         {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"},
-        {"event": "PodFailed", "action": "RestartJob"},
+        {"event": "PodFailed", "action": "RestartPod"},
     ]
     # Never: a non-zero exit fails the pod, the only time Volcano reads its exit code (no in-place restart).
     assert _pod(_job(prod, "pretrain-h100"))["spec"]["restartPolicy"] == "Never"
@@ -101,14 +102,15 @@ def test_elastic_restart_policies_leave_evictions_to_torchrun(prod: Recording) -
 def test_launch_line_exits_with_the_final_code_on_a_config_error_before_torchrun(
     prod: Recording, tmp_path: Path, job: str
 ) -> None:
-    """Run the rendered command itself: the config it names is not here, so preflight must fail it with one
-    line and the config-error code, and torchrun must never start (a stub torchrun records any call)."""
+    """Run the rendered command itself: the config it names is not here, so the node agent must fail it with
+    one line and the config-error code before any rendezvous (none could start here: the endpoint does not
+    resolve, and the agent would say so instead)."""
     container = _container(_job(prod, job))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text(f"#!/bin/sh\ntouch {tmp_path}/torchrun-started\n")
-    (bin_dir / "torchrun").chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    # A script, not a symlink: the venv's interpreter finds its site-packages (torch) through its own path.
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VC_TASK_INDEX": "0",
            "PYTHONPATH": str(REPO_ROOT / "workloads")}
     done = subprocess.run([*container["command"], *container["args"]], env=env, capture_output=True, text=True,
@@ -118,7 +120,6 @@ def test_launch_line_exits_with_the_final_code_on_a_config_error_before_torchrun
         f"trainyard_train: config error: --config: cannot read /etc/trainyard/{_config_name(container)}: "
         "No such file or directory"
     ]
-    assert not (tmp_path / "torchrun-started").exists()
 
 
 def _config_name(container: dict[str, Any]) -> str:
@@ -129,11 +130,11 @@ def _config_name(container: dict[str, Any]) -> str:
 def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> None:
     container = _container(_job(prod, "pretrain-h100"))
     assert container["command"] == ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"]
-    # The wrapper only adds is_host for worker 0 and execs torchrun with the container args.
+    # The wrapper only adds is_host for worker 0 and execs the trainer's node agent with the container args.
     script = shlex.split(container["command"][2].split("exec ", 1)[1])
-    assert script[0] == "torchrun" and script[-1] == "$@"
+    assert script[:3] == ["python", "-m", "trainyard_train.agent"] and script[-1] == "$@"
     # Once MIN nodes joined, wait seconds (not c10d's default 30) for more before starting.
-    assert f"last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" in script[1] and RDZV_LAST_CALL_TIMEOUT <= 10
+    assert f"last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" in script[3] and RDZV_LAST_CALL_TIMEOUT <= 10
     args = container["args"]
     assert "--nnodes=2:8" in args
     assert "--nproc-per-node=8" in args

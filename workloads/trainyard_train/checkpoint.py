@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from .config import ConfigError
 from .logs import LOGGER_NAME, kv
 
 COMMIT = "COMMIT"
@@ -263,6 +264,9 @@ class Checkpointer:
             self.last_commit_time = time.time()
             return ref, meta
         if candidates:
-            # Starting from scratch would silently discard a run and let retention delete its history.
-            raise RuntimeError(f"no checkpoint under {self.root} could be loaded; refusing to start over")
+            # Starting from scratch would silently discard a run and let retention delete its history; and no
+            # retry reads these files differently, so this is final (the config-error class).
+            names = ", ".join(ref.path.name for ref in candidates)
+            raise ConfigError(f"run_dir: no checkpoint under {self.root} could be loaded ({names}: see the "
+                              "warnings above); refusing to start over: move them away to start a new run")
         return None

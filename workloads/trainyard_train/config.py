@@ -22,12 +22,6 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
 
 
-# Exit code of a config error: final. Retrying cannot fix it, so the launch line checks the config before
-# torchrun starts (preflight.py) and the Volcano job terminates on this code (infra/trainyard/workloads/volcano.py).
-# 2, as for a command-line usage error (argparse exits 2 too, and it is just as final).
-CONFIG_ERROR_EXIT_CODE = 2
-
-
 def _require(ok: bool, key: str, why: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {why}")

@@ -18,6 +18,7 @@ all-reduce steps again before compressing, which is the warm-up PowerSGD is desi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -37,11 +38,13 @@ from .comm import powersgd_state_blob, register_grad_hook, restore_powersgd_stat
 from .config import Config, ConfigError
 from .data import MANIFEST, GlobalOrder, ShardReader, StepLoader, generate_for
 from .distributed import Runtime
+from .exitcodes import STOPPED
 from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
 from .model import DecoderLM
+from .preflight import RUN_MODEL_KEY
 from .progress import ProgressLog
-from .signals import PREEMPTED_EXIT_CODE, StopRequest, stop_elastic_agent
+from .signals import StopRequest, final_exit
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -185,7 +188,8 @@ class Trainer:
         return state
 
     def save(self) -> None:
-        meta = {"world_size": self.rt.env.world_size, "samples": self.samples}
+        meta = {"world_size": self.rt.env.world_size, "samples": self.samples,
+                RUN_MODEL_KEY: dataclasses.asdict(self.cfg.model)}
         self.checkpointer.save(self.step, self._state(rank_local=True), meta)
         self.progress.write(
             "checkpoint", step=self.step, samples=self.samples, blocking_seconds=self.checkpointer.last_blocking_seconds
@@ -299,6 +303,9 @@ class Trainer:
             started = time.perf_counter()
             loss, stopped = self._train_step()
             elapsed = time.perf_counter() - started
+            if not math.isfinite(loss):  # the same mean on every rank: all stop here, nothing saved
+                raise ConfigError(f"optim.lr: the loss is {loss} at step {self.step}; training diverged "
+                                  f"(lr {cfg.optim.lr}, grad_clip {cfg.optim.grad_clip}): lower optim.lr")
             grad_bytes = self.meter.take()
             self.metrics.record_step(self.step, loss, cfg.train.global_batch_size / elapsed)
             if self.step % cfg.train.log_every == 0 or stopped:
@@ -323,10 +330,10 @@ class Trainer:
         self.checkpointer.close()
         self.stop.cancel()
         if stopped:
-            if self.stop.signalled_here:
-                stop_elastic_agent(env)  # the checkpoint is committed: now keep torchrun from restarting us
             log.warning(kv("stopped", step=self.step, signal=self.stop.signal_name))
             self.progress.write("stopped", step=self.step, signal=self.stop.signal_name)
-            return PREEMPTED_EXIT_CODE
+            if self.stop.signalled_here:  # the checkpoint is committed: now keep torchrun from restarting us
+                return final_exit(STOPPED)
+            return STOPPED
         self.progress.write("done", step=self.step, samples=self.samples)
         return 0

@@ -1,25 +1,26 @@
-"""Check a trainer command line before torchrun starts: `python -m trainyard_train.preflight ARGS...`.
+"""Validate a trainer command line as the trainer would, before any process group exists.
 
-ARGS are torchrun's arguments, ending in ``-m trainyard_train --config FILE key=value...``. The trainer
-part is loaded and validated as the trainer would (config file, keys, types, values, a writable run_dir).
-Exit 0 when it is valid; else one line naming the key on stderr and exit CONFIG_ERROR_EXIT_CODE (2).
-
-Why before torchrun: its elastic agent restarts the worker group after *any* worker failure, up to
---max-restarts (torch/distributed/elastic/agent/server/api.py, ``_invoke_run``), and its own exit code
-does not carry the worker's. A config error found inside a worker would be retried, and could not be
-told apart from a crash by the Volcano job. The job's launch line runs this first:
-``python -m trainyard_train.preflight "$@" && exec torchrun "$@"``.
+``check`` is what the trainer runs first (train.py) and what the node agent runs before torchrun starts
+(agent.py): the config file, its keys, types and values, a writable run_dir, and a run_dir that holds no run
+of a different model. ``python -m trainyard_train.preflight TORCHRUN_ARGS...`` checks a job's command line
+without running it: exit 0, or one line naming the key on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
-from .config import CONFIG_ERROR_EXIT_CODE, ConfigError, check_run_dir, load_config
+from .checkpoint import complete_checkpoints, read_commit
+from .config import Config, ConfigError, check_run_dir, load_config
+from .exitcodes import CONFIG_ERROR
 
-MODULE = "trainyard_train"
+RUN_MODEL_KEY = "model"
+"""The commit marker's copy of the model section: what a resumed run must match (loop.Trainer.save)."""
+TUNABLE_MODEL_KEYS = frozenset({"dropout"})
+"""Model keys a resumed run may change: they shape no tensor."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -32,23 +33,58 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def report(exc: ConfigError) -> int:
     """One line, no traceback; the final exit code."""
-    print(f"trainyard_train: config error: {exc}", file=sys.stderr)
-    return CONFIG_ERROR_EXIT_CODE
+    print(config_error_line(exc), file=sys.stderr, flush=True)
+    return CONFIG_ERROR
+
+
+def config_error_line(exc: ConfigError) -> str:
+    return f"trainyard_train: config error: {exc}"
 
 
 def trainer_argv(argv: Sequence[str]) -> list[str]:
-    """The arguments after ``-m trainyard_train`` (the whole list when that is absent: a plain trainer line)."""
+    """The arguments after ``-m MODULE`` (torchrun's own flags come before it); the whole list without one."""
     items = list(argv)
-    for i in range(len(items) - 1):
-        if items[i] == "-m" and items[i + 1] == MODULE:
+    for i in range(len(items) - 2, -1, -1):
+        if items[i] == "-m":
             return items[i + 2 :]
     return items
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(trainer_argv(sys.argv[1:] if argv is None else argv))
+def check_resumable(cfg: Config) -> None:
+    """A run_dir whose newest complete checkpoint belongs to another model cannot be resumed: say so now
+    instead of failing inside DCP's load (or, worse, silently starting over)."""
+    complete = complete_checkpoints(cfg.checkpoint_dir)
+    if not complete:
+        return
+    newest = complete[-1]
     try:
-        check_run_dir(load_config(args.config, args.overrides))
+        saved = read_commit(newest.path).get(RUN_MODEL_KEY)
+    except (OSError, ValueError):
+        return  # torn markers are the checkpointer's to skip, with a warning
+    if not isinstance(saved, dict):
+        return
+    current = dataclasses.asdict(cfg.model)
+    changed = sorted(k for k in (current.keys() | saved.keys()) - TUNABLE_MODEL_KEYS if current.get(k) != saved.get(k))
+    if changed:
+        diff = ", ".join(f"model.{k}: {saved.get(k)!r} in the run, {current.get(k)!r} now" for k in changed)
+        raise ConfigError(f"run_dir: {cfg.run_dir} holds a run of another model ({newest.path.name}: {diff}); "
+                          "use a new run_dir, or set the model back")
+
+
+def check(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, args.overrides)
+    check_run_dir(cfg)
+    check_resumable(cfg)
+    return cfg
+
+
+def check_command_line(argv: Sequence[str]) -> Config:
+    return check(parse_args(trainer_argv(argv)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         return report(exc)
     return 0

@@ -1,17 +1,18 @@
-"""Graceful stop on SIGTERM (spot reclaim, pod deletion) and SIGUSR1 (operator request).
+"""Graceful stop on SIGTERM (spot reclaim, pod deletion) and SIGUSR1 (operator request), and the worker's side
+of the node agent's exit-code protocol (agent.py).
 
 The handler only sets a flag; the loop finishes the current step, agrees with the other ranks to stop,
 saves and exits. A watchdog enforces the grace period: if the save hangs (a dead peer, a stuck
 filesystem) the process exits anyway, leaving at worst a torn checkpoint that resume ignores.
 
 A stop must not be undone by torchrun: its agent restarts the workers after any worker failure while
-restarts remain (``_invoke_run`` in torch/distributed/elastic/agent/server/api.py), whatever the exit
-code. So once the checkpoint is committed, a worker that received the signal itself sends SIGTERM to its
-agent (its parent process): the agent raises SignalException, terminates its workers and exits instead
-of restarting them. A signal thus stops the node it was delivered on, as a spot reclaim does; ranks on
-other nodes, which stopped only to save together, exit 143 and their agents carry on with the nodes left.
-When the agent got SIGTERM first (``kill <torchrun>``, pod deletion) it is already shutting down and
-forwarded the signal to its workers; their SIGTERM back only restarts its wait for them.
+restarts remain (``_invoke_run`` in torch/distributed/elastic/agent/server/api.py), whatever the exit code.
+So once the checkpoint is committed, a worker that received the signal itself asks its agent to end with
+the stop code (``final_exit``), as a config error does. A signal thus stops the node it was delivered on, as
+a spot reclaim does; ranks on other nodes, which stopped only to save together, exit 143 and their agents
+carry on with the nodes left. When the agent got SIGTERM first (the kubelet stopping the pod) it is already
+shutting down and forwarded the signal to its workers; its control directory says so, and nobody signals
+it a second time.
 """
 
 from __future__ import annotations
@@ -19,18 +20,21 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
-from .distributed import DistEnv
+from .exitcodes import GRACE_EXPIRED
 from .logs import LOGGER_NAME, kv
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-# Exit code of a run stopped by a signal: non-zero, so neither torchrun nor the Volcano job treats an
-# unfinished run as complete; 128 + SIGTERM as for a process killed by it.
-PREEMPTED_EXIT_CODE = 143
-GRACE_EXPIRED_EXIT_CODE = 124
+AGENT_DIR_ENV = "TRAINYARD_AGENT_DIR"
+"""The node agent's control directory, inherited by its workers: ``exit-code`` holds a worker's final request,
+``stopping`` exists once the agent is shutting down."""
+EXIT_CODE_FILE = "exit-code"
+STOPPING_FILE = "stopping"
 log = logging.getLogger(LOGGER_NAME)
 
 
@@ -73,15 +77,34 @@ class StopRequest:
     def _expire(self) -> None:
         log.error(kv("grace_period_expired", seconds=self.grace_period_s, signal=self.signal_name))
         logging.shutdown()
-        os._exit(GRACE_EXPIRED_EXIT_CODE)  # no cleanup: a half-written checkpoint has no COMMIT anyway
+        os._exit(GRACE_EXPIRED)  # no cleanup: a half-written checkpoint has no COMMIT anyway
 
     def cancel(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
 
 
-def stop_elastic_agent(env: DistEnv) -> None:
-    """Ask this node's torchrun agent to shut down rather than restart the workers (see module docstring)."""
-    if env.elastic_agent:
-        log.warning(kv("stopping_torchrun_agent", pid=os.getppid(), reason="final stop, not a crash"))
+def final_exit(code: int, line: str | None = None) -> int:
+    """End the run with ``code`` instead of letting torchrun restart the workers; returns ``code``.
+
+    The first local rank to get here records the code in the agent's control directory, prints ``line``,
+    then sends SIGTERM to its agent (its parent), in that order: the agent's shutdown signal must not cut the
+    line short. Later ranks of the node print nothing (one line per node). Without the agent
+    (``python -m trainyard_train``, plain torchrun) it only prints; when the agent is already stopping it does
+    not signal it again.
+    """
+    control = os.environ.get(AGENT_DIR_ENV)
+    root = Path(control) if control else None
+    if root is not None:
+        try:
+            fd = os.open(root / EXIT_CODE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return code
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(code))
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    if root is not None and not (root / STOPPING_FILE).exists():
+        log.warning(kv("stopping_node_agent", pid=os.getppid(), exit_code=code))
         os.kill(os.getppid(), signal.SIGTERM)
+    return code

@@ -113,7 +113,7 @@ class ElasticTrainingJob(_TrainingJob):
             args, template, min_available=job.min_nodes,
             replicas=job.max_nodes if job.autoscaling.enabled else job.min_nodes,
             max_retry=volcano.ELASTIC_MAX_RETRY,
-            policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_ON_FAILED_POD],
+            policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_FAILED_POD],
         )
 
 
@@ -133,7 +133,7 @@ class MigTrainingJob(_TrainingJob):
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         return volcano.job_manifest(args, template, min_available=1, replicas=1,
                                     max_retry=volcano.SINGLE_NODE_MAX_RETRY,
-                                    policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_ON_FAILED_POD])
+                                    policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_FAILED_POD])
 
 
 class SmokeTrainingJob(_TrainingJob):

@@ -1,4 +1,5 @@
-"""The trainer's command line: torchrun around `python -m trainyard_train`, elastic or single-node.
+"""The trainer's command line: the trainer's node agent (torchrun's, behind an exit-code contract) around
+`python -m trainyard_train`, elastic or single-node.
 
 Rendezvous for elastic jobs is c10d, hosted by the torchrun agent of pod `<job>-worker-0`, reached through
 the headless Service of Volcano's `svc` plugin (stable name, published before the pod is ready). That agent is
@@ -7,8 +8,10 @@ which fails while the pod's DNS record is not yet published. When worker-0 is lo
 the other agents' rendezvous calls fail, torchrun exits non-zero, and the Volcano job restarts from the last
 checkpoint (volcano.py).
 
-Every launch line runs the trainer's preflight first: a config error exits CONFIG_ERROR_EXIT_CODE before
-torchrun (whose agent would retry it like a crash), and the Volcano job terminates on that code.
+The agent (`python -m trainyard_train.agent`, workloads/trainyard_train/agent.py) takes torchrun's arguments and
+exits with the trainer's codes: CONFIG_ERROR_EXIT_CODE for a config error found before or after the rendezvous
+(plain torchrun would retry it like a crash and exit 1), STOPPED_EXIT_CODE once a signal's checkpoint is committed,
+CRASH_EXIT_CODE for what a retry may fix. The Volcano job's policies act on these (volcano.py).
 """
 
 from __future__ import annotations
@@ -41,22 +44,22 @@ SHUTDOWN_MARGIN_SECONDS = 10
 def shutdown_timeout(job: Job) -> int:
     return job.checkpoint_grace_seconds + SHUTDOWN_MARGIN_SECONDS
 
-# Checks the trainer's config before torchrun starts and exits with the trainer's final config-error code
-# (trainyard_train/preflight.py): torchrun itself would restart the workers on it --max-restarts times.
-PREFLIGHT = 'python -m trainyard_train.preflight "$@"'
-# Exit code of a config error (trainyard_train.config.CONFIG_ERROR_EXIT_CODE); the Volcano job ends on it.
+# The trainer's exit codes (workloads/trainyard_train/exitcodes.py; this layer does not import the trainer, and the
+# rendered-job runner checks both agree by running the rendered command).
+CRASH_EXIT_CODE = 1
 CONFIG_ERROR_EXIT_CODE = 2
+GRACE_EXPIRED_EXIT_CODE = 124
+STOPPED_EXIT_CODE = 143
+AGENT = "python -m trainyard_train.agent"
 # $VC_TASK_INDEX comes from Volcano's env plugin; "$@" are the container args (the torchrun flags below).
 _IS_HOST = 'if [ "$VC_TASK_INDEX" = 0 ]; then host=1; else host=0; fi; '
-_ELASTIC_TORCHRUN = (
-    f'exec torchrun --rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT},'
-    f'last_call_timeout={RDZV_LAST_CALL_TIMEOUT}" "$@"'
-)
+_RDZV_CONF = (f'--rdzv-conf="is_host=$host,join_timeout={RDZV_JOIN_TIMEOUT},'
+              f'last_call_timeout={RDZV_LAST_CALL_TIMEOUT}"')
 # Any module over an elastic c10d rendezvous (the fabric check runs its own module with it).
-ELASTIC_WRAPPER = _IS_HOST + _ELASTIC_TORCHRUN
-# The trainer's: its config is checked first.
-TRAINER_ELASTIC_WRAPPER = f"{_IS_HOST}{PREFLIGHT} && {_ELASTIC_TORCHRUN}"
-SINGLE_NODE_WRAPPER = f'{PREFLIGHT} && exec torchrun "$@"'
+ELASTIC_WRAPPER = f'{_IS_HOST}exec torchrun {_RDZV_CONF} "$@"'
+# The trainer's: the node agent checks its config, then runs torchrun's agent.
+TRAINER_ELASTIC_WRAPPER = f'{_IS_HOST}exec {AGENT} {_RDZV_CONF} "$@"'
+SINGLE_NODE_WRAPPER = f'exec {AGENT} "$@"'
 
 
 def rendezvous_endpoint(job_name: str, namespace: str) -> str:

@@ -1,19 +1,31 @@
 """The Volcano `batch.volcano.sh/v1alpha1` Job around a pod template: gang size, queue, retries, plugins.
 
-Restart semantics. torchrun's elastic agents already survive the loss of a pod: the survivors' workers fail
-their collective, the agents re-rendezvous with whoever is left (down to --nnodes MIN) and resume from the
-last checkpoint. So a lost pod must *not* take the others down: PodEvicted (spot reclaim, node drain, pod
-deletion) has no policy on purpose, and Volcano's default for it, SyncJob, recreates the missing pod under the
-same name; it rejoins the rendezvous when a node is back.
+Restart semantics (Volcano v1.15.1, pkg/controllers/job). torchrun's elastic agents already survive the loss of a
+pod: the survivors' workers fail their collective, the agents re-rendezvous with whoever is left (down to --nnodes
+MIN) and resume from the last checkpoint. So a lost pod must *not* take the others down.
 
-Training pods run with restartPolicy Never, so that a container that exits non-zero makes its pod Failed:
-Volcano reads the exit code only then (``updatePod`` in pkg/controllers/job/job_controller_handler.go,
-v1.15.1); under OnFailure the kubelet would restart a config error in place forever. The first policy ends
-the job on the trainer's config-error code, which no retry can fix; it comes first because Volcano tries
-policies in order and a PodFailed policy would match that pod too (``applyPolicies``, job_controller_util.go). Any other
-failure (torchrun out of restarts, the rendezvous host lost) restarts the job from its checkpoint; maxRetry
-bounds those restarts and is sized for a spot pool. The job completes when `minSuccess` pods exit 0, which
-the trainer only does once the configured steps are done (a stopped trainer exits non-zero).
+- A pod that ends reaches the job controller as `PodFailed`, with its container's exit code, whenever its phase
+  turns Failed (`updatePod`, job_controller_handler.go). Since Kubernetes 1.27 a deleted or evicted pod turns
+  Failed before it goes (spot reclaim, drain, Karpenter, a Volcano eviction: the trainer commits its checkpoint on
+  the SIGTERM and exits 143), so graceful pod loss is `PodFailed` too; `PodEvicted` (`deletePod`) comes after.
+- Policies are tried in order, each by its events, then its exit code (`applyPolicies`, job_controller_util.go);
+  the exit code is only read from pods that run with restartPolicy Never (under OnFailure the kubelet would
+  restart a config error in place forever).
+- `exitCode: 2 → TerminateJob` comes first: the trainer's config-error code (also an incompatible or unloadable
+  run in run_dir, a diverged loss) is final; TerminateJob keeps the failed pod and its one-line message.
+- `PodFailed → RestartPod` for everything else (143 stopped by a signal, 124 grace expired, 1 crash): only that pod
+  is killed and recreated under its name (`killTarget` with TargetTypePod, job_controller_actions.go; the running
+  state's RestartPodAction, state/running.go) and rejoins the rendezvous when it is scheduled again; the other pods
+  keep training. RestartJob would kill every pod on each loss.
+- Every RestartPod adds one to the job's RetryCount (state/running.go, state/pending.go), which never goes down;
+  at maxRetry the job is Failed (state/restarting.go). maxRetry is thus a budget of pod losses over the job's whole
+  life, sized for a spot pool; a job that exhausts it resumes from its retained checkpoint claim when re-created.
+- Every kill (RestartPod included) runs the plugins' OnJobDelete (`killPods`): the svc plugin deletes the headless
+  Service and re-creates it on the next sync, so pod DNS names drop out for a moment; torchrun's agents keep their
+  store connection, and a worker that cannot resolve a peer in that window fails and is restarted by its agent.
+
+The job completes when `minSuccess` pods exit 0, which the trainer only does once the configured steps are done
+(a stopped trainer exits non-zero, so graceful stops never count toward it).
 """
 
 from __future__ import annotations
@@ -34,7 +46,8 @@ CHECKOV_SKIPS = {
     f"checkov.io/skip{i}": f"{check}={_UNSEEN}"
     for i, check in enumerate(("CKV_K8S_23", "CKV_K8S_29", "CKV_K8S_31", "CKV_K8S_38", "CKV_K8S_40"), start=1)
 }
-# Job restarts (PodFailed -> RestartJob) allowed before Volcano marks the job Failed; spot pools lose nodes often.
+# Pod restarts (PodFailed -> RestartPod, one per lost pod) over the job's life before Volcano marks it Failed; spot
+# pools lose nodes often.
 ELASTIC_MAX_RETRY = 16
 SINGLE_NODE_MAX_RETRY = 4
 
@@ -43,7 +56,8 @@ SINGLE_NODE_MAX_RETRY = 4
 # scraping port 9108; the tenant namespace's policies govern ingress instead.
 SVC_PLUGIN = ["--publish-not-ready-addresses=true", "--disable-network-policy=true"]
 Policy = dict[str, str | int]
-RESTART_ON_FAILED_POD: Policy = {"event": "PodFailed", "action": "RestartJob"}
+# A pod that failed (crash, torchrun out of restarts) or was stopped (eviction, deletion: exit 143): recreate it alone.
+RESTART_FAILED_POD: Policy = {"event": "PodFailed", "action": "RestartPod"}
 # A config error is final: end the job (TerminateJob keeps the failed pod and its one-line message).
 TERMINATE_ON_CONFIG_ERROR: Policy = {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"}
 # A smoke run proves the platform works; retrying would hide the failure it exists to show.

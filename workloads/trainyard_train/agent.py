@@ -1,0 +1,111 @@
+"""The node agent: torchrun's elastic agent behind the exit-code contract the Volcano job's policies read.
+
+    python -m trainyard_train.agent TORCHRUN_ARGS... -m trainyard_train --config FILE key=value...
+
+It takes torchrun's command line unchanged and exits with one of ``exitcodes.py``'s codes:
+
+1. The trainer part of the line is validated first (preflight.py): a config error is one line and exit 2,
+   before any rendezvous.
+2. torchrun's agent then runs the workers and restarts them after a crash, as torchrun does.
+3. A worker that finds a final condition after the rendezvous (a config error only the world size or the
+   data reveal, a run directory it must not touch, a diverged loss, a signal delivered to it) prints its line
+   first, then asks this agent to end with that code (``signals.final_exit``): it writes the code into the
+   agent's control directory and sends SIGTERM. Restarting would only repeat it.
+4. SIGTERM to the agent (the kubelet stopping the pod, Ctrl-C) shuts the workers down with the same signal,
+   waits for them to commit their checkpoint (``--shutdown-timeout``), and exits 143 without a traceback.
+
+Why not plain torchrun: its signal handler (``_terminate_process_handler`` in
+torch/distributed/elastic/multiprocessing/api.py, torch 2.13) raises ``SignalException`` on *every* signal,
+so a second SIGTERM that arrives while the agent is already waiting for its workers to exit (``_close``)
+aborts that wait: torchrun prints a traceback, exits 1 and leaves the workers running. Here the first signal
+starts the shutdown and later ones are logged and ignored; the workers learn from the control directory
+that the agent is already stopping and do not signal it again. torchrun itself also exits 1 on any signal
+and on any worker failure, which would make a config error look like a crash to the Volcano job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing import api as mp_api
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from .config import ConfigError
+from .exitcodes import CRASH, FINAL_WORKER_CODES, signal_exit_code
+from .preflight import check_command_line, report
+from .signals import AGENT_DIR_ENV, EXIT_CODE_FILE, STOPPING_FILE
+
+PROG = "trainyard_train.agent"
+
+
+def say(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+class _Agent:
+    def __init__(self, control: Path) -> None:
+        self.control = control
+        self.stopping: signal.Signals | None = None
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        """Replaces torch's handler: the first signal starts the shutdown, later ones must not abort it."""
+        sig = signal.Signals(signum)
+        if self.stopping is not None:
+            say(f"got {sig.name} while stopping on {self.stopping.name}: still waiting for the workers")
+            return
+        self.stopping = sig
+        (self.control / STOPPING_FILE).touch()
+        raise mp_api.SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
+
+    def requested_code(self) -> int | None:
+        try:
+            return int((self.control / EXIT_CODE_FILE).read_text())
+        except (OSError, ValueError):  # no request, or one torn by a crash mid-write
+            return None
+
+    def run(self, argv: list[str]) -> int:
+        args = torchrun.parse_args(argv)
+        # torch registers this module attribute as the handler each time it starts the workers (PContext.start).
+        mp_api._terminate_process_handler = self.on_signal  # type: ignore[assignment]
+        try:
+            torchrun.run(args)
+        except mp_api.SignalException as exc:
+            code = self.requested_code() or signal_exit_code(exc.sigval)
+            say(f"stopped by {exc.sigval.name}, workers shut down (exit {code})")
+            return code
+        except ChildFailedError as exc:
+            codes = sorted({failure.exitcode for failure in exc.failures.values()})
+            final = [c for c in codes if c in FINAL_WORKER_CODES]
+            code = self.requested_code() or (final[0] if final else CRASH)
+            say(f"workers failed with exit codes {codes} and no restarts left (exit {code})")
+            return code
+        except Exception as exc:  # noqa: BLE001 - rendezvous and store errors: one line, the crash class
+            say(f"{type(exc).__name__}: {exc} (exit {CRASH})")
+            return CRASH
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_command_line(argv)
+    except ConfigError as exc:
+        return report(exc)
+    control = Path(tempfile.mkdtemp(prefix="trainyard-agent-"))
+    os.environ[AGENT_DIR_ENV] = str(control)
+    try:
+        return _Agent(control).run(argv)
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
