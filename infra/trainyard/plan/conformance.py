@@ -46,8 +46,10 @@ _FREE_FORM_SUFFIXES = ("labels", "annotations", "nodeselector")
 # Keys a chart reads but its values.yaml only shows as a commented-out example, so the key-exists rule cannot
 # see them. Kept explicit and minimal: chart -> dotted key paths accepted with any sub-keys.
 _COMMENTED_UPSTREAM_KEYS: Mapping[str, frozenset[str]] = {
-    # values.yaml v26.7.0, dcgmExporter: "config: name / create / data" (custom metrics ConfigMap).
-    "gpu-operator": frozenset(("dcgmExporter.config",)),
+    # values.yaml v26.7.0, dcgmExporter: "config: name / create / data" (custom metrics ConfigMap); operator,
+    # validator and nodeStatusExporter: `#version: ""`, read by templates/_helpers.tpl and clusterpolicy.yaml.
+    "gpu-operator": frozenset(("dcgmExporter.config", "operator.version", "validator.version",
+                               "nodeStatusExporter.version")),
 }
 # Values a chart copies verbatim into a custom resource's spec: checked against that CRD's `spec` schema (far
 # stricter than the example in values.yaml, which omits most optional fields). chart -> top-level key ->
