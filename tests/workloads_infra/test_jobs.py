@@ -203,7 +203,8 @@ def test_volumes_checkpoints_dataset_read_only_and_shm(prod: Recording) -> None:
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "pretrain-h100-checkpoints"
     assert mounts["checkpoints"]["mountPath"] == "/checkpoints" and not mounts["checkpoints"].get("readOnly")
     assert volumes["dataset"]["persistentVolumeClaim"] == {"claimName": DATASET_CLAIM, "readOnly": True}
-    assert mounts["dataset"] == {"name": "dataset", "mountPath": "/data", "readOnly": True}
+    assert mounts["dataset"] == {"name": "dataset", "mountPath": "/data", "readOnly": True,
+                                 "mountPropagation": "HostToContainer"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
     assert mounts["dshm"]["mountPath"] == "/dev/shm"
     assert volumes["trainer-config"]["configMap"]["name"] == "pretrain-h100-trainer-config"
