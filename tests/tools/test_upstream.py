@@ -130,40 +130,113 @@ def test_no_mirror_and_no_network_ends_in_one_message(tool: ModuleType, tmp_path
     assert "Traceback" not in err
 
 
-def test_lock_is_built_from_a_mirror_and_its_sources(tool: ModuleType, tmp_path: Path) -> None:
-    commit = "0" * 40
+def _listing(files: dict[str, str]) -> str:
+    lines = sorted((rel, hashlib.sha256(text.encode()).hexdigest()) for rel, text in files.items())
+    return hashlib.sha256("".join(f"{digest}  {rel}\n" for rel, digest in lines).encode()).hexdigest()
+
+
+def _mirror(tmp: Path, tree: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """A mirror with chart demo 1.0.0's values and tree (a dependency from another repository inside it)."""
+    commit, dep_commit = "0" * 40, "1" * 40
+    tree = tree if tree is not None else {"Chart.yaml": "name: demo\n", "templates/a.yaml": "kind: A\n",
+                                          "charts/dep/Chart.yaml": "name: dep\n"}
     files = {"charts/demo/1.0.0/values.yaml": "a: 1\n", "charts/demo/0.9.0/values.yaml": "a: 0\n",
              "charts/demo/1.0.0/Chart.yaml": "name: demo\n", "crds/example.com/widget_v1.json": "{}\n",
-             "mig-parted/config-default.yaml": "version: v1\n"}
+             "mig-parted/config-default.yaml": "version: v1\n",
+             **{f"chart-src/demo/1.0.0/{rel}": text for rel, text in tree.items()}}
     for path, text in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
-    (tmp_path / "SOURCES.md").write_text("\n".join([
+        (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / path).write_text(text)
+    dep = {rel.removeprefix("charts/dep/"): text for rel, text in tree.items() if rel.startswith("charts/dep/")}
+    (tmp / "SOURCES.md").write_text("\n".join([
         "| file | repo | path | commit | note |", "|---|---|---|---|---|",
         f"| charts/demo/1.0.0/values.yaml | o/demo | demo-1.0.0.tgz!demo/values.yaml | {commit} | packaged |",
         f"| charts/demo/1.0.0/Chart.yaml | o/demo | chart/Chart.yaml | {commit} | ref v1.0.0 |",
         f"| charts/demo/0.9.0/values.yaml | o/demo | chart/values.yaml | {commit} | ref v0.9.0 |",
         f"| crds/example.com/widget_v1.json | o/demo | crds/widgets.yaml | {commit} | converted from CRD x |",
+        f"| chart-src/demo/1.0.0 | o/demo | chart | {commit} | chart source tree at v1.0.0; sha256 of the sorted "
+        f"file listing: {_listing(tree)} |",
+        f"| chart-src/demo/1.0.0/charts/dep | o/dep | dep-2.0.0.tgz | {dep_commit} | chart source tree at v2; sha256 "
+        f"of the sorted file listing: {_listing(dep)} |",
         "## mig-parted",
         f"- `mig-parted/config-default.yaml`: NVIDIA/mig-parted `deploy/config.yaml` at commit {commit}.",
     ]))
-    entries = {e.path: e for e in tool.lock_from_mirror(tmp_path, {("demo", "1.0.0")})}
-    assert sorted(entries) == ["charts/demo/1.0.0/Chart.yaml", "charts/demo/1.0.0/values.yaml",
-                               "crds/example.com/widget_v1.json", "mig-parted/config-default.yaml"]
+    return files, commit
+
+
+def test_lock_is_built_from_a_mirror_and_its_sources(tool: ModuleType, tmp_path: Path) -> None:
+    _, commit = _mirror(tmp_path)
+    found, trees = tool.lock_from_mirror(tmp_path, {("demo", "1.0.0")})
+    entries = {e.path: e for e in found}
+    assert sorted(entries) == ["chart-src/demo/1.0.0/Chart.yaml", "chart-src/demo/1.0.0/charts/dep/Chart.yaml",
+                               "chart-src/demo/1.0.0/templates/a.yaml", "charts/demo/1.0.0/Chart.yaml",
+                               "charts/demo/1.0.0/values.yaml", "crds/example.com/widget_v1.json",
+                               "mig-parted/config-default.yaml"]
     values = entries["charts/demo/1.0.0/values.yaml"]
     assert (values.url, values.member) == (f"https://raw.githubusercontent.com/o/demo/{commit}/demo-1.0.0.tgz",
                                            "demo/values.yaml")
     assert values.sha256 == hashlib.sha256(b"a: 1\n").hexdigest()
     assert entries["crds/example.com/widget_v1.json"].convert == "crd-schema"
     assert entries["mig-parted/config-default.yaml"].url.endswith(f"NVIDIA/mig-parted/{commit}/deploy/config.yaml")
+    template = entries["chart-src/demo/1.0.0/templates/a.yaml"]
+    assert (template.url, template.member) == (f"https://raw.githubusercontent.com/o/demo/{commit}/chart/templates/"
+                                               "a.yaml", None)
+    dep = entries["chart-src/demo/1.0.0/charts/dep/Chart.yaml"]  # the most specific row: the dependency's archive
+    assert (dep.url, dep.member) == (f"https://raw.githubusercontent.com/o/dep/{'1' * 40}/dep-2.0.0.tgz",
+                                     "dep/Chart.yaml")
+    assert [(t.path, t.listing_sha256) for t in trees] == [
+        ("chart-src/demo/1.0.0", tool.listing_sha256(tmp_path / "chart-src/demo/1.0.0"))]
     with pytest.raises(tool.UpstreamError, match="no data for these pinned charts"):
         tool.lock_from_mirror(tmp_path, {("demo", "1.0.0"), ("other", "2.0.0")})
 
 
+def test_a_chart_bump_fails_until_its_source_tree_is_in_the_mirror(tool: ModuleType, tmp_path: Path) -> None:
+    _mirror(tmp_path)
+    (tmp_path / "charts/demo/0.9.0/Chart.yaml").write_text("name: demo\n")
+    with pytest.raises(tool.UpstreamError, match=r"demo 0\.9\.0: no chart source tree \(chart-src/demo/0\.9\.0\)"):
+        tool.lock_from_mirror(tmp_path, {("demo", "0.9.0")})
+
+
+def test_a_tree_whose_listing_differs_from_its_sources_row_is_refused(tool: ModuleType, tmp_path: Path) -> None:
+    _mirror(tmp_path)
+    (tmp_path / "chart-src/demo/1.0.0/templates/extra.yaml").write_text("kind: B\n")
+    with pytest.raises(tool.UpstreamError, match="listing sha256 .* is not the one SOURCES.md records"):
+        tool.lock_from_mirror(tmp_path, {("demo", "1.0.0")})
+
+
+def test_a_file_left_in_a_tree_by_an_older_version_is_caught_and_removed_by_sync(tool: ModuleType,
+                                                                                  tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    _mirror(mirror)
+    entries, trees = tool.lock_from_mirror(mirror, {("demo", "1.0.0")})
+    lock = tmp_path / "upstream.lock.yaml"
+    tool.write_lock(entries, trees, lock)
+    cache = tmp_path / "cache"
+    tool.sync(cache, mirror, lock)
+    stray = cache / "chart-src/demo/1.0.0/templates/removed-upstream.yaml"  # a template the new version dropped
+    stray.write_text("kind: Stale\n")
+    with pytest.raises(tool.UpstreamError, match="chart-src/demo/1.0.0: holds files the lock does not list"):
+        tool.verify(cache, lock)
+    tool.sync(cache, mirror, lock)
+    assert not stray.exists()
+    tool.verify(cache, lock)
+
+
+def test_linked_directories_are_fetched_from_their_targets(tool: ModuleType) -> None:
+    assert tool.source_of("aws/karpenter-provider-aws", "charts/karpenter/crds/karpenter.sh_nodepools.yaml") == \
+        "pkg/apis/crds/karpenter.sh_nodepools.yaml"
+    assert tool.source_of("volcano-sh/volcano", "installer/helm/chart/volcano/crd/v1/a.yaml") == \
+        "installer/helm/chart/volcano/crd/bases/a.yaml"
+    assert tool.source_of("o/demo", "chart/crds/a.yaml") == "chart/crds/a.yaml"
+
+
 def test_lock_covers_every_pinned_chart_and_every_custom_resource_the_plans_render(tool: ModuleType) -> None:
     locked = {entry.path for entry in tool.load_lock()}
+    trees = {tree.path for tree in tool.load_trees()}
     for chart, version in sorted(tool.pinned_charts()):
         assert f"charts/{chart}/{version}/values.yaml" in locked, f"{chart} {version}: add it to the lock"
+        assert f"chart-src/{chart}/{version}" in trees, f"{chart} {version}: add its source tree to the lock"
+        assert f"chart-src/{chart}/{version}/Chart.yaml" in locked
     rendered = set()
     for manifest in (REPO / "plans").glob("*/manifests/*.yaml"):
         obj = yaml.safe_load(manifest.read_text())
