@@ -1,8 +1,8 @@
 """trainyard's command line: `python -m trainyard plan --stack dev [--out DIR] [--graph FILE]`.
 
-`plan` runs the same program `pulumi up` runs, under Pulumi's mock runtime, and shows what it would create;
-`--rehearse` then walks it in the engine's creation order and fails (exit 1) on the first resource that would
-hang or fail.
+`plan` runs the same program `pulumi up` runs, under Pulumi's mock runtime, renders every Helm release with
+the real Helm, and shows what it would create; `--rehearse` then walks it in the engine's creation order and
+fails (exit 1) on the first resource that would hang or fail.
 `diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
 `region` prints a stack's validated AWS region, so CI configures credentials for the region the stack deploys to.
 """
@@ -26,8 +26,11 @@ from trainyard.plan import graph, report
 from trainyard.plan import rehearse as rehearsal
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.diff import default_base, diff_against, format_diff, resolve_ref
+from trainyard.plan.helm import HELM
+from trainyard.plan.images import unpinned
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.rendering import RenderError
+from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, write_plan
 
 GRAPH_SUFFIXES = (".dot", ".mmd")
@@ -40,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = commands.add_parser("plan", help="render a stack offline: preview tree, summary, and files with --out")
     plan.add_argument("--stack", default="dev", help=f"one of: {', '.join(available_stacks())}")
     plan.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
-    plan.add_argument("--out", type=Path, help="write resources.json, manifests/ and helm/ here")
+    plan.add_argument("--out", type=Path, help="write resources.json, manifests/, helm/ and rendered/ here")
     plan.add_argument("--quiet", action="store_true", help="print only the summary, not the tree")
     plan.add_argument("--graph", type=Path, help="write the dependency graph here (.dot: Graphviz, .mmd: Mermaid)")
     plan.add_argument("--rehearse", action="store_true",
@@ -93,16 +96,24 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         check_out(out)
     if graph_file is not None:
         _check_writable_file(graph_file, "--graph")
-    settings = settings_of(stack)
     with _progress(stack_name, recording):
-        render(stack, recording=recording)
+        planned = plan_stack(stack, recording)
+    settings, rendered = planned.settings, planned.rendered
+    if moving := unpinned(rendered):
+        raise RenderError("images without a pinned tag (a release tag or a digest), so the plan cannot say what "
+                          "would run; set their tags in the releases' values (platform/charts.yaml `images`):\n  "
+                          + "\n  ".join(moving))
     if not quiet:
         print(report.tree(recording, stack_name))
         print()
     print(report.summary(recording, settings, pool_capacity(settings, load_mig_catalog())))
+    objects = sum(len(r.objects) for r in rendered.releases.values())
+    print(f"\nHelm {HELM.version} rendered {len(rendered.releases)} releases into {objects} objects "
+          f"(Kubernetes {settings.cluster.kubernetes_version}, {len(rendered.api_versions)} API versions)")
     if out is not None:
-        write_plan(recording, out)
-        print(f"\nWrote {out}/resources.json, {out}/manifests/, {out}/helm/, {out}/graph.mmd, {out}/graph.dot")
+        write_plan(recording, out, rendered)
+        print(f"\nWrote {out}/resources.json, {out}/manifests/, {out}/helm/, {out}/rendered/, {out}/graph.mmd, "
+              f"{out}/graph.dot")
     if graph_file is not None:
         dependencies = graph.build(recording)
         text = graph.to_dot(dependencies) if graph_file.suffix == ".dot" else graph.to_mermaid(dependencies)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from trainyard.plan.recording import SECRET
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import available_stacks, plan_stack, read_stack
 from trainyard.plan.writers import write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +38,10 @@ def test_all_four_stacks_exist() -> None:
 @pytest.mark.parametrize("stack", STACKS)
 def test_plan_out_is_complete_and_deterministic(stack: str, tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
-    write_plan(render(read_stack(stack)), first)
-    write_plan(render(read_stack(stack)), second)
+    planned = plan_stack(read_stack(stack))
+    write_plan(planned.recording, first, planned.rendered)
+    again = plan_stack(read_stack(stack))
+    write_plan(again.recording, second, again.rendered)
     assert _same_tree(first, second) == []
     resources = json.loads((first / "resources.json").read_text())
     assert resources == sorted(resources, key=lambda r: r["urn"])
@@ -67,8 +69,8 @@ def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
     values = dict(stack.values)
     values["trainyard:grafanaAdminPassword"] = clear
     secret = type(stack)(stack="dev", values=values, secret_keys=("trainyard:grafanaAdminPassword",))
-    recording = render(secret)
-    write_plan(recording, tmp_path / "plan")
+    planned = plan_stack(secret)
+    write_plan(planned.recording, tmp_path / "plan", planned.rendered)
     text = "".join(p.read_text() for p in (tmp_path / "plan").rglob("*") if p.is_file())
     assert clear not in text
     assert SECRET in text
@@ -79,6 +81,7 @@ def test_committed_plan_is_fresh(stack: str, tmp_path: Path) -> None:
     """plans/<stack>/ is what reviewers diff in a pull request: it must match the code and stack file."""
     committed = ROOT / "plans" / stack
     assert committed.is_dir(), f"plans/{stack}/ is missing: run `make plans` and commit it"
-    write_plan(render(read_stack(stack)), tmp_path / stack)
+    planned = plan_stack(read_stack(stack))
+    write_plan(planned.recording, tmp_path / stack, planned.rendered)
     stale = _same_tree(tmp_path / stack, committed)
     assert stale == [], f"plans/{stack}/ is stale ({', '.join(stale[:5])}...): run `make plans` and commit it"

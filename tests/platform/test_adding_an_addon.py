@@ -2,8 +2,9 @@
 places (catalogue data, a component, the stack switch with its settings), with no other file touched, and its
 plan renders it wired like every other add-on: monitoring, ordering, settings and conformance.
 
-The chart is fictional (`example-exporter`), so its upstream values are a fixture here, in the layout
-`tools/upstream.py sync` produces; conformance checks the rendered values against them as it does for real charts.
+The chart is fictional (`example-exporter`), so its upstream values and source tree are a fixture here, in the
+layout `tools/upstream.py sync` produces; the plan renders the tree with Helm, and conformance checks the values
+against the defaults, as for real charts.
 """
 
 from __future__ import annotations
@@ -79,6 +80,32 @@ serviceMonitor:
 """
 
 
+# Its source tree: a Deployment placed by the values, and the ServiceMonitor where the cluster serves the CRD.
+CHART_YAML = f"apiVersion: v2\nname: {CHART}\nversion: {VERSION}\nappVersion: {VERSION}\n"
+TEMPLATE = """apiVersion: apps/v1
+kind: Deployment
+metadata: {name: example-exporter}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: example-exporter}}
+  template:
+    metadata: {labels: {app: example-exporter}}
+    spec:
+      nodeSelector: {{- toYaml .Values.nodeSelector | nindent 8 }}
+      tolerations: {{- toYaml .Values.tolerations | nindent 8 }}
+      containers: [{name: exporter, image: "registry.example.invalid/example-exporter:{{ .Chart.AppVersion }}"}]
+{{- if and .Values.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: example-exporter}
+spec:
+  selector: {matchLabels: {app: example-exporter}}
+  endpoints: [{port: metrics, interval: {{ .Values.serviceMonitor.interval }}}]
+{{- end }}
+"""
+
+
 def _copy(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     for part in ("Pulumi.yaml", "infra", "platform", "stacks", "workloads/configs"):
@@ -127,11 +154,22 @@ def _upstream(tmp_path: Path) -> Path:
         (upstream / "charts" / chart.name).symlink_to(chart)
     (upstream / "charts" / CHART / VERSION).mkdir(parents=True)
     (upstream / "charts" / CHART / VERSION / "values.yaml").write_text(UPSTREAM_VALUES)
+    (upstream / "chart-src").mkdir()
+    for chart in (real / "chart-src").iterdir():
+        (upstream / "chart-src" / chart.name).symlink_to(chart)
+    tree = upstream / "chart-src" / CHART / VERSION
+    (tree / "templates").mkdir(parents=True)
+    (tree / "Chart.yaml").write_text(CHART_YAML)
+    (tree / "values.yaml").write_text(UPSTREAM_VALUES)
+    (tree / "templates" / "deployment.yaml").write_text(TEMPLATE)
     return upstream
 
 
 def _plan(repo: Path, stack: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{repo / 'infra'}{os.pathsep}{repo / 'workloads'}"}
+    # The copy reads the fixture upstream data, and shares the checkout's render cache (keyed by all a render reads).
+    env = {**os.environ, "PYTHONPATH": f"{repo / 'infra'}{os.pathsep}{repo / 'workloads'}",
+           "TRAINYARD_UPSTREAM": str(repo.parent / "upstream"),
+           "TRAINYARD_RENDER_CACHE": str(ROOT / "build" / "render-cache")}
     return subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", stack, "--quiet", "--out", str(out),
                            *extra], capture_output=True, text=True, cwd=repo, env=env, timeout=300)
 
@@ -176,6 +214,11 @@ def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, P
     rendered = yaml.safe_load((tmp_path / "dev" / "helm" / f"example.{CHART}.yaml").read_text())
     assert check_helm_values(rendered, upstream=upstream) == []
     assert check_helm_values({**rendered, "values": {**rendered["values"], "nodeSelctor": {}}}, upstream=upstream)
+    # Helm rendered the chart with those values, the ServiceMonitor included (the stack installs its CRD).
+    objects = tmp_path / "dev" / "rendered" / CHART
+    deployment = yaml.safe_load((objects / "deployment.example-exporter.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"trainyard.io/role": "system"}
+    assert (objects / "servicemonitor.example-exporter.yaml").is_file()
     # The rehearsal knows its pods from the same entry and finds a node for them.
     rehearsal = _plan(repo, "dev", tmp_path / "dev-rehearsed", "--rehearse")
     assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr

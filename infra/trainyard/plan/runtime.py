@@ -20,6 +20,7 @@ from trainyard.config.yaml_input import InputError, load_yaml
 from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan.placeholders import PlaceholderMocks
 from trainyard.plan.recording import SECRET, Recording, RecordingMonitor
+from trainyard.plan.rendering import RenderedStack, render_releases
 
 PROJECT = "trainyard"
 DEFAULT_REGION = "us-east-1"
@@ -122,6 +123,26 @@ def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main,
     run = pulumi.runtime.test(lambda: _run_and_collect_exports(entrypoint, monitor.recording))  # type: ignore[no-untyped-call]
     run()
     return monitor.recording
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """One stack as `plan` sees it: its settings, every registration, and what each Helm release renders."""
+
+    stack: StackFile
+    settings: Settings
+    recording: Recording
+    rendered: RenderedStack
+
+
+def plan_stack(stack: StackFile, recording: Recording | None = None) -> StackPlan:
+    """Run the program and render its Helm releases with the real Helm (RenderError when a chart refuses).
+
+    The one way code and tests get a stack's rendered objects: `plan_stack(read_stack("prod")).rendered`.
+    """
+    settings = settings_of(stack)
+    recording = render(stack, recording=recording)
+    return StackPlan(stack, settings, recording, render_releases(recording, settings.cluster.kubernetes_version))
 
 
 def _run_and_collect_exports(entrypoint: Callable[[], Any], recording: Recording) -> pulumi.Output[None]:

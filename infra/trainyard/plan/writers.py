@@ -1,10 +1,13 @@
 """Write a recording as files reviewers read: resources.json, one manifest per object, one file per release,
-and the dependency graph."""
+the objects each release renders (rendered/<release>/), and the dependency graph."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -13,6 +16,7 @@ import yaml
 from trainyard.config.yaml_input import InputError
 from trainyard.plan import graph
 from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.rendering import RenderedRelease, RenderedStack
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 _NOT_OBJECTS = frozenset({HELM_RELEASE, "pulumi:providers:kubernetes"})
@@ -51,7 +55,7 @@ def manifest_filename(obj: dict[str, Any]) -> str:
     return f"{namespace}.{str(obj.get('kind', 'Unknown')).lower()}.{metadata.get('name', 'unnamed')}.yaml"
 
 
-def plan_files(recording: Recording) -> dict[str, str]:
+def plan_files(recording: Recording, rendered: RenderedStack | None = None) -> dict[str, str]:
     """Relative path -> text of every file a plan writes; the same recording always gives the same bytes."""
     resources = sorted(recording.resources, key=lambda r: r.urn)
     dependencies = graph.build(recording)
@@ -71,16 +75,56 @@ def plan_files(recording: Recording) -> dict[str, str]:
             if path in files:
                 raise ValueError(f"two Kubernetes objects would both be written to {path}")
             files[path] = _yaml(obj)
+    for rendered_release in (rendered.releases.values() if rendered is not None else ()):
+        files.update(rendered_files(rendered_release))
     return files
 
 
-def write_plan(recording: Recording, out: Path) -> None:
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def rendered_files(release: RenderedRelease) -> dict[str, str]:
+    """`rendered/<release>/<kind>.<name>.yaml` per object (`<kind>.<namespace>.<name>` where names repeat)."""
+    def name(obj: Mapping[str, Any], with_namespace: bool) -> str:
+        metadata = obj.get("metadata") or {}
+        parts = [str(obj.get("kind", "Unknown")).lower(), *([str(metadata.get("namespace") or "_release")]
+                                                           if with_namespace else []), str(metadata.get("name"))]
+        return f"rendered/{_UNSAFE.sub('_', release.name)}/" + ".".join(_UNSAFE.sub("_", p) for p in parts) + ".yaml"
+
+    short = [name(obj, False) for obj in release.objects]
+    files: dict[str, str] = {}
+    for obj, path in zip(release.objects, short, strict=True):
+        if short.count(path) > 1:
+            path = name(obj, True)
+        if path in files:
+            raise ValueError(f"release {release.name}: two rendered objects would both be written to {path}")
+        files[path] = _yaml(crd_summary(obj) if obj.get("kind") == "CustomResourceDefinition" else obj)
+    return files
+
+
+def crd_summary(crd: Mapping[str, Any]) -> dict[str, Any]:
+    """A CRD without its schemas, which are the chart's upstream text: each version's schema by its sha256, so
+    a chart bump that changes one still shows in the plan's diff."""
+    spec = dict(crd.get("spec") or {})
+    versions = []
+    for version in spec.get("versions") or ():
+        version = dict(version)
+        schema = version.pop("schema", None)
+        if schema is not None:
+            text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+            version["schema"] = {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+        versions.append(version)
+    spec["versions"] = versions
+    return {**crd, "spec": spec}
+
+
+def write_plan(recording: Recording, out: Path, rendered: RenderedStack | None = None) -> None:
     """Write the plan into `out`: a new or empty folder, or one an earlier plan wrote (it has MARKER).
 
     Only the files the earlier plan listed in MARKER are replaced or removed; anything else in the folder is
     left alone, and a plan file that would overwrite it is refused (InputError) before anything is written.
     """
-    files = plan_files(recording)
+    files = plan_files(recording, rendered)
     previous = _previous_plan(out)
     clashes = sorted(rel for rel in files if rel not in previous and os.path.lexists(out / rel))
     if clashes:
@@ -89,10 +133,14 @@ def write_plan(recording: Recording, out: Path) -> None:
     try:
         for rel in sorted(previous - files.keys()):
             (out / rel).unlink(missing_ok=True)
+            emptied = (out / rel).parent
+            if emptied.parent == out / "rendered" and emptied.is_dir() and not any(emptied.iterdir()):
+                emptied.rmdir()  # a release the stack no longer has
         for folder in ("manifests", "helm"):
             (out / folder).mkdir(parents=True, exist_ok=True)
         for rel, text in files.items():
             target = out / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_symlink():
                 target.unlink()
             target.write_text(text)

@@ -1,0 +1,69 @@
+"""Images the rendered objects would pull, and the ones without a pinned tag.
+
+A chart's source tree is not its published package: publishers stamp versions when they package, so an image that
+defaults to `.Chart.AppVersion` renders from the tree with whatever the tree says (the GPU Operator's `main-latest`,
+`deployments/gpu-operator/templates/_helpers.tpl` at v26.7.0). The plan states what runs only when every image it
+renders carries a digest or a tag that names a release, so it refuses the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from trainyard.plan.rendering import RenderedStack
+
+# Tags that move: none at all, `latest`, and branch builds such as `main-latest` or `nightly`.
+_MOVING_TAG = re.compile(r"^(.*[-_.])?(latest|main|master|nightly|edge)$")
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def is_pinned(reference: str) -> bool:
+    """`repo:tag` with a release tag, or any `repo@sha256:...`."""
+    if "@sha256:" in reference:
+        return True
+    name = reference.rsplit("/", 1)[-1]
+    if ":" not in name:
+        return False
+    return not _MOVING_TAG.match(name.rsplit(":", 1)[1])
+
+
+def images(obj: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(where in the object, image reference) for every container and every enabled image-version pair (the GPU
+    Operator's ClusterPolicy names its operands' images as repository, image and version)."""
+    yield from _walk(obj, "")
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _walk(item, f"{path}[{index}]")
+        return
+    if not isinstance(node, Mapping):
+        return
+    for key in _CONTAINER_LISTS:
+        for container in node.get(key) or ():
+            if isinstance(container, Mapping) and isinstance(container.get("image"), str):
+                yield f"{path}.{key}[{container.get('name', '?')}]", container["image"]
+    image = node.get("image")
+    if isinstance(image, str) and node.get("enabled") is not False and "name" not in node:
+        if isinstance(node.get("version"), str):
+            repository = node.get("repository")
+            yield path or ".", f"{repository}/{image}:{node['version']}" if repository else f"{image}:{node['version']}"
+        elif "/" in image or ":" in image:
+            yield path or ".", image
+    for key, value in node.items():
+        if key not in _CONTAINER_LISTS and key != "image":
+            yield from _walk(value, f"{path}.{key}")
+
+
+def unpinned(rendered: RenderedStack) -> list[str]:
+    """One line per image without a pinned tag: release, object, where, reference."""
+    found = []
+    for release, obj in rendered.objects():
+        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
+        for where, reference in images(obj):
+            if not is_pinned(reference):
+                found.append(f"release {release.name}: {name} {where.lstrip('.')} runs {reference}")
+    return sorted(set(found))

@@ -1,0 +1,216 @@
+"""Every Helm release rendered with the real Helm: the objects, the refusals, the API versions, the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from trainyard.plan import helm, rendering
+from trainyard.plan.conformance import upstream_dir
+from trainyard.plan.images import is_pinned, unpinned
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.rendering import GENERATED, RenderError, render_releases
+from trainyard.plan.runtime import available_stacks, plan_stack, read_stack
+from trainyard.plan.writers import plan_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _release(name: str, chart: str, version: str, values: dict[str, Any], namespace: str = "demo") -> ResourceRecord:
+    return ResourceRecord(urn=f"urn:pulumi:t::trainyard::kubernetes:helm.sh/v3:Release::{name}",
+                          type=rendering.RELEASE, name=name, custom=True, parent=None, provider=None, depends_on=(),
+                          protect=False, retain_on_delete=False, deleted_with=None,
+                          inputs={"name": name, "namespace": namespace, "chart": chart, "version": version,
+                                  "values": values})
+
+
+def _demo_chart(upstream: Path) -> Path:
+    """A chart of our own: a values schema, a `required` value, a `fail`, and a generated password."""
+    tree = upstream / "chart-src" / "demo" / "1.0.0"
+    (tree / "templates").mkdir(parents=True)
+    (tree / "Chart.yaml").write_text("apiVersion: v2\nname: demo\nversion: 1.0.0\n")
+    (tree / "values.yaml").write_text("replicas: 1\nimage: registry.example/demo:1.0.0\n")
+    (tree / "values.schema.json").write_text('{"type": "object", "additionalProperties": false, "properties": '
+                                             '{"replicas": {"type": "integer"}, "image": {"type": "string"}, '
+                                             '"name": {"type": "string"}, "explode": {"type": "boolean"}}}')
+    (tree / "templates" / "deployment.yaml").write_text(textwrap.dedent("""\
+        {{- if .Values.explode }}{{ fail "explode is not supported" }}{{ end }}
+        apiVersion: apps/v1
+        kind: Deployment
+        metadata: {name: {{ .Values.name | required "name is required" }}}
+        spec:
+          replicas: {{ .Values.replicas }}
+          template:
+            spec:
+              containers: [{name: main, image: {{ .Values.image }}}]
+        ---
+        apiVersion: v1
+        kind: Secret
+        metadata: {name: generated}
+        stringData: {password: {{ randAlphaNum 24 | quote }}}
+        {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}
+        ---
+        apiVersion: monitoring.coreos.com/v1
+        kind: ServiceMonitor
+        metadata: {name: demo}
+        spec: {endpoints: []}
+        {{- end }}
+        """))
+    return tree
+
+
+def _render(tmp_path: Path, values: dict[str, Any], *extra: ResourceRecord) -> rendering.RenderedStack:
+    recording = Recording(resources=[_release("demo", "demo", "1.0.0", values), *extra])
+    return render_releases(recording, "1.34", upstream=tmp_path / "up", cache_dir=tmp_path / "cache")
+
+
+@pytest.fixture()
+def demo(tmp_path: Path) -> Path:
+    return _demo_chart(tmp_path / "up")
+
+
+def test_a_release_renders_with_its_values_and_generated_material_is_masked(tmp_path: Path, demo: Path) -> None:
+    rendered = _render(tmp_path, {"name": "web", "replicas": 3})
+    objects = {obj["kind"]: obj for obj in rendered.releases["demo"].objects}
+    assert objects["Deployment"]["spec"]["replicas"] == 3
+    assert objects["Deployment"]["metadata"]["name"] == "web"
+    assert objects["Secret"]["stringData"]["password"] == GENERATED  # randAlphaNum: differs on every render
+    assert "ServiceMonitor" not in objects  # nothing in this stack installs monitoring.coreos.com
+    assert rendered.renders == 2  # rendered twice to find what the chart generates
+
+
+def test_api_versions_of_crds_another_release_installs_reach_the_chart(tmp_path: Path, demo: Path) -> None:
+    crd_chart = tmp_path / "up" / "chart-src" / "crds" / "1.0.0"
+    (crd_chart / "crds").mkdir(parents=True)
+    (crd_chart / "Chart.yaml").write_text("apiVersion: v2\nname: crds\nversion: 1.0.0\n")
+    (crd_chart / "crds" / "sm.yaml").write_text(textwrap.dedent("""\
+        apiVersion: apiextensions.k8s.io/v1
+        kind: CustomResourceDefinition
+        metadata: {name: servicemonitors.monitoring.coreos.com}
+        spec:
+          group: monitoring.coreos.com
+          names: {kind: ServiceMonitor, plural: servicemonitors}
+          scope: Namespaced
+          versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}]
+        """))
+    rendered = _render(tmp_path, {"name": "web"}, _release("crds", "crds", "1.0.0", {}))
+    assert "ServiceMonitor" in {obj["kind"] for obj in rendered.releases["demo"].objects}
+    assert {"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor", "apps/v1/Deployment",
+            "resource.k8s.io/v1/DeviceClass"} <= set(rendered.api_versions)
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"name": "web", "replicas": "three"}, "replicas"),  # the chart's values.schema.json
+    ({"name": "web", "colour": "red"}, "colour"),  # a key the schema does not allow
+    ({"replicas": 1}, "name is required"),  # a missing required value
+    ({"name": "web", "explode": True}, "explode is not supported"),  # the chart's own fail
+])
+def test_a_refused_release_names_the_release_and_the_key(tmp_path: Path, demo: Path, values: dict[str, Any],
+                                                          named: str) -> None:
+    with pytest.raises(RenderError) as refused:
+        _render(tmp_path, values)
+    message = str(refused.value)
+    assert message.startswith("Helm release demo (demo 1.0.0) does not render: ")
+    assert named in message and "\n" not in message
+
+
+def test_a_release_without_its_chart_tree_is_refused_naming_what_to_run(tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match=r"Helm release demo: no chart source tree for demo 1\.0\.0.*upstream\.py"):
+        _render(tmp_path, {"name": "web"})
+
+
+def test_the_cache_serves_an_unchanged_release_and_misses_a_changed_one(tmp_path: Path, demo: Path) -> None:
+    first = _render(tmp_path, {"name": "web"})
+    again = _render(tmp_path, {"name": "web"})
+    changed = _render(tmp_path, {"name": "api"})
+    assert (first.renders, again.renders, changed.renders) == (2, 0, 2)
+    assert again.releases == first.releases
+    (demo / "values.yaml").write_text("replicas: 4\nimage: registry.example/demo:1.0.0\n")
+    rendering._tree_facts.cache_clear()
+    edited = _render(tmp_path, {"name": "web"})
+    assert edited.renders == 2
+    assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 4
+
+
+@pytest.mark.parametrize(("reference", "pinned"), [
+    ("nvcr.io/nvidia/gpu-operator:main-latest", False), ("busybox", False), ("repo/app:latest", False),
+    ("localhost:5000/app", False), ("repo/app:nightly", False), ("quay.io/cilium/cilium:v1.20.0", True),
+    ("repo/app:latest@sha256:" + "0" * 64, True), ("localhost:5000/app:1.2", True),
+])
+def test_an_image_is_pinned_by_a_release_tag_or_a_digest(reference: str, pinned: bool) -> None:
+    assert is_pinned(reference) is pinned
+
+
+def test_every_stack_renders_every_release_with_pinned_images_only() -> None:
+    for stack in available_stacks():
+        planned = plan_stack(read_stack(stack))
+        releases = {r.inputs["name"] for r in planned.recording.resources if r.type == rendering.RELEASE}
+        assert set(planned.rendered.releases) == releases, stack
+        assert all(r.objects for r in planned.rendered.releases.values()), stack
+        assert unpinned(planned.rendered) == [], stack
+
+
+def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
+    """The GPU Operator's tree defaults its operator and validator to `main-latest` (.Chart.AppVersion)."""
+    planned = plan_stack(read_stack("prod"))
+    records = []
+    for record in planned.recording.resources:
+        if record.type == rendering.RELEASE and record.inputs["chart"] == "gpu-operator":
+            values = {k: v for k, v in record.inputs["values"].items() if k not in ("operator", "validator")}
+            record = dataclasses.replace(record, inputs={**record.inputs, "values": values})
+            records.append(record)
+    rendered = render_releases(Recording(resources=records), planned.settings.cluster.kubernetes_version)
+    found = unpinned(rendered)
+    assert any("Deployment/gpu-operator" in line and ":main-latest" in line for line in found), found
+    assert any("ClusterPolicy/cluster-policy spec.validator" in line for line in found), found
+
+
+def test_rendered_files_are_one_per_object_and_crds_keep_only_schema_digests() -> None:
+    planned = plan_stack(read_stack("prod"))
+    files = plan_files(planned.recording, planned.rendered)
+    rendered = {path: text for path, text in files.items() if path.startswith("rendered/")}
+    assert len(rendered) == sum(len(r.objects) for r in planned.rendered.releases.values())
+    crds = [yaml.safe_load(text) for path, text in rendered.items() if "/customresourcedefinition." in path]
+    assert crds and all("openAPIV3Schema" not in str(crd) for crd in crds)
+    assert all(v["schema"]["sha256"] for crd in crds for v in crd["spec"]["versions"] if "schema" in v)
+
+
+def test_the_helm_binary_is_the_pinned_release() -> None:
+    binary = helm.helm_binary()
+    version = subprocess.run([str(binary), "version", "--template", "{{.Version}}"], capture_output=True, text=True,
+                             check=True).stdout
+    assert version == helm.HELM.version
+    assert helm.file_sha256(binary) == helm.HELM.sha256
+
+
+def test_a_different_binary_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "helm"
+    fake.write_text("#!/bin/sh\necho v3.19.0\n")
+    with pytest.raises(helm.InputError, match="is not Helm v3.19.0"):
+        helm.helm_binary.__wrapped__(fake)
+    with pytest.raises(helm.InputError, match="no Helm binary"):
+        helm.helm_binary.__wrapped__(tmp_path / "missing")
+
+
+def test_plan_cli_stops_on_a_release_that_does_not_render(tmp_path: Path) -> None:
+    """One message naming the release, exit 2, no traceback, nothing written."""
+    upstream = tmp_path / "up"
+    tree = upstream_dir() / "chart-src"
+    for path in tree.iterdir():
+        if path.name != "volcano":
+            (upstream / "chart-src").mkdir(parents=True, exist_ok=True)
+            (upstream / "chart-src" / path.name).symlink_to(path)
+    env = {"PATH": "/usr/bin:/bin", "TRAINYARD_UPSTREAM": str(upstream),
+           "TRAINYARD_RENDER_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "local", "--out",
+                             str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: Helm release volcano: no chart source tree for volcano")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
