@@ -123,7 +123,7 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
             raise InputError(f"--graph {graph_file}: cannot be written ({exc.strerror or exc})") from None
         print(f"Wrote {graph_file}")
     if rehearse:
-        result = rehearsal.rehearse(recording)
+        result = rehearsal.rehearse(recording, rendered)
         print("\n" + rehearsal.report(result, stack_name))
         return 0 if result.passed else 1
     return 0

@@ -42,7 +42,6 @@ DECLARATION = f"""  {KEY}:
     needs: [volcano]
     crds: {{{CHART}: [example.invalid]}}
     serviceMonitors: {{{CHART}: [serviceMonitor.enabled]}}
-    pods: {{{CHART}: [{{name: example-exporter, at: ""}}]}}
 """
 # 2. The component: one release with a value computed from its settings.
 COMPONENT = '''"""Example add-on: one chart, one computed value."""
@@ -219,7 +218,7 @@ def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, P
     deployment = yaml.safe_load((objects / "deployment.example-exporter.yaml").read_text())
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"trainyard.io/role": "system"}
     assert (objects / "servicemonitor.example-exporter.yaml").is_file()
-    # The rehearsal knows its pods from the same entry and finds a node for them.
+    # The rehearsal reads its pods from the rendered chart and finds a node for them.
     rehearsal = _plan(repo, "dev", tmp_path / "dev-rehearsed", "--rehearse")
     assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr
 

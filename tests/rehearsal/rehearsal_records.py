@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainyard.catalogue.charts import load_catalogue
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.rehearse import Rehearsal, rehearse
+from trainyard.plan.rendering import chart_name, render_releases
 
 CLUSTER = "aws:eks/cluster:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -32,6 +36,15 @@ def recording(*records: ResourceRecord) -> Recording:
     return Recording(resources=list(records))
 
 
+KUBERNETES = "1.34"
+
+
+def rehearsed(recording: Recording) -> Rehearsal:
+    """The rehearsal of a recording whose Helm releases are rendered with the real Helm (cached per values)."""
+    versions = [str(r.inputs["version"]) for r in recording.resources if r.type == CLUSTER and "version" in r.inputs]
+    return rehearse(recording, render_releases(recording, versions[0] if versions else KUBERNETES))
+
+
 def cluster(bootstrap: bool = False) -> ResourceRecord:
     return rec(CLUSTER, "eks", {"bootstrapSelfManagedAddons": bootstrap})
 
@@ -46,7 +59,10 @@ def node_group(name: str, *deps: ResourceRecord, instance: str = "m7i.4xlarge", 
 
 def release(name: str, chart: str, values: dict[str, Any] | None = None, *deps: ResourceRecord,
             atomic: bool = True, skip_await: bool = False) -> ResourceRecord:
-    inputs: dict[str, Any] = {"chart": chart, "values": values or {}, "atomic": atomic}
+    """A Release of a pinned chart (its version and namespace from platform/charts.yaml), named `name`."""
+    (pin,) = [p for p in load_catalogue(REPO_ROOT).pins.values() if chart_name(p.chart) == chart_name(chart)]
+    inputs: dict[str, Any] = {"name": name, "chart": chart, "version": pin.version, "namespace": pin.namespace,
+                              "values": values or {}, "atomic": atomic}
     if skip_await:
         inputs["skipAwait"] = True
     return rec(RELEASE, name, inputs, deps)

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainyard.plan.chart_pods import chart_name, lookup
+from rehearsal_records import rehearsed
 from trainyard.plan.engine_order import creation_order
+from trainyard.plan.pods import lookup
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.rehearse import Finding, rehearse
+from trainyard.plan.rehearse import Finding
+from trainyard.plan.rendering import chart_name
 from trainyard.plan.runtime import available_stacks, read_stack, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,13 +108,13 @@ def named(findings: tuple[Finding, ...], rule: str, match: Match, recording: Rec
 
 @pytest.mark.parametrize("stack", available_stacks())
 def test_every_stack_rehearses_clean(stack: str) -> None:
-    result = rehearse(rendered(stack))
+    result = rehearsed(rendered(stack))
     assert result.passed, "\n".join(str(f) for f in result.findings)
     assert result.order and result.checks
 
 
 def test_the_rehearsal_is_deterministic() -> None:
-    first, second = rehearse(render(read_stack("prod"))), rehearse(rendered("prod"))
+    first, second = rehearsed(render(read_stack("prod"))), rehearsed(rendered("prod"))
     assert first == second
 
 
@@ -122,7 +124,7 @@ def test_cli_rehearse_exits_1_exactly_when_the_rehearsal_fails(tmp_path: Path) -
     (stacks / "Pulumi.local.yaml").write_text((ROOT / "stacks" / "Pulumi.local.yaml").read_text())
     run = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "local", "--quiet", "--rehearse",
                           "--stacks-dir", str(stacks)], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    result = rehearse(rendered("local"))
+    result = rehearsed(rendered("local"))
     assert run.returncode == (0 if result.passed else 1), run.stdout + run.stderr
     if result.passed:
         assert "Rehearsal of `pulumi up` for local: converges" in run.stdout
@@ -135,7 +137,7 @@ def test_cli_rehearse_exits_1_exactly_when_the_rehearsal_fails(tmp_path: Path) -
 
 def test_item_1_node_groups_before_the_cni_are_named_first() -> None:
     old = cut(fresh("prod"), of_type("eks/nodeGroup:NodeGroup"), release_of("cilium"))
-    findings = rehearse(old).findings
+    findings = rehearsed(old).findings
     assert findings and findings[0].rule == "node-needs-cni", findings[:1]
     assert {f.name for f in named(findings, "node-needs-cni", of_type("NodeGroup"), old)} >= {
         "system-group", "storage-group"}
@@ -147,7 +149,7 @@ def test_item_1_a_cilium_release_that_waits_for_pods_is_named() -> None:
         inputs.pop("skipAwait", None)
 
     old = edit(fresh("prod"), release_of("cilium"), waits)
-    found = named(rehearse(old).findings, "release-needs-nodes", release_of("cilium"), old)
+    found = named(rehearsed(old).findings, "release-needs-nodes", release_of("cilium"), old)
     assert found and "cilium-operator" in found[0].problem
 
 
@@ -159,14 +161,14 @@ def test_item_3_rook_selecting_no_node_is_named() -> None:
         storage["useAllNodes"] = False
 
     old = edit(fresh("prod"), release_of("rook-ceph-cluster"), no_nodes)
-    found = named(rehearse(old).findings, "ceph-has-osds", release_of("rook-ceph-cluster"), old)
+    found = named(rehearsed(old).findings, "ceph-has-osds", release_of("rook-ceph-cluster"), old)
     assert found and "Rook creates no OSD" in found[0].problem
 
 
 def test_item_4_checkpoint_claims_racing_ceph_are_named() -> None:
     is_ceph = release_of("rook-ceph-cluster")
     old = cut(fresh("prod"), of_type("core/v1:PersistentVolumeClaim"), is_ceph)
-    found = named(rehearse(old).findings, "claim-binds", of_type("PersistentVolumeClaim"), old)
+    found = named(rehearsed(old).findings, "claim-binds", of_type("PersistentVolumeClaim"), old)
     assert {f.name for f in found} >= {"pretrain-h100-checkpoints", "eval-mig-checkpoints"}
     assert all("pulumi up waits for the claim to bind" in f.problem for f in found)
 
@@ -174,7 +176,7 @@ def test_item_4_checkpoint_claims_racing_ceph_are_named() -> None:
 @pytest.mark.parametrize("stack", ["staging", "prod"])
 def test_item_5_mig_pools_without_a_node_overlay_are_named(stack: str) -> None:
     old = drop(fresh(stack), of_type(":NodeOverlay"))
-    found = named(rehearse(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
+    found = named(rehearsed(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
     assert found and all("nvidia.com/mig-" in f.problem for f in found)
 
 
@@ -183,7 +185,7 @@ def test_item_5_the_node_overlay_feature_gate_off_is_named() -> None:
         inputs["values"].setdefault("settings", {}).setdefault("featureGates", {})["nodeOverlay"] = False
 
     old = edit(fresh("prod"), release_of("karpenter"), gate_off)
-    found = named(rehearse(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
+    found = named(rehearsed(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
     assert found and "feature gate is off" in found[0].problem
 
 
@@ -198,13 +200,13 @@ def _set_actions(actions: str) -> Callable[[dict[str, Any]], None]:
 
 def test_item_6_enqueue_before_gpu_pools_scale_is_named() -> None:
     old = edit(fresh("prod"), release_of("volcano"), _set_actions("enqueue, allocate, backfill"))
-    found = named(rehearse(old).findings, "gang-admitted", of_type("volcano.sh/v1alpha1:Job"), old)
+    found = named(rehearsed(old).findings, "gang-admitted", of_type("volcano.sh/v1alpha1:Job"), old)
     assert {f.name for f in found} >= {"pretrain-h100", "finetune-h200"}
 
 
 def test_item_6_reclaimable_queues_without_reclaim_are_named() -> None:
     old = edit(fresh("prod"), release_of("volcano"), _set_actions("allocate, backfill"))
-    found = named(rehearse(old).findings, "reclaim-configured", lambda r: "Queue" in r.type, old)
+    found = named(rehearsed(old).findings, "reclaim-configured", lambda r: "Queue" in r.type, old)
     reclaimable = [r for r in old.resources if "Queue" in r.type and lookup(r.inputs, "spec.reclaimable")]
     assert reclaimable, "no reclaimable queue left to check"
     assert len(found) == len(reclaimable)
@@ -225,7 +227,7 @@ def test_item_9_cache_workers_pinned_to_gpu_nodes_are_named() -> None:
     old = edit(fresh("prod"), of_type(":AlluxioRuntime"), on_gpu_runtime)
     old = edit(old, lambda r: r.type.endswith(":Dataset") and not str(
         lookup(r.inputs, "spec.mounts", [{}])[0].get("mountPoint", "")).startswith("dataset://"), on_gpu_dataset)
-    found = named(rehearse(old).findings, "cache-off-gpu-nodes", of_type(":AlluxioRuntime"), old)
+    found = named(rehearsed(old).findings, "cache-off-gpu-nodes", of_type(":AlluxioRuntime"), old)
     assert found and "GPU pools" in found[0].problem
 
 
@@ -236,7 +238,7 @@ def test_item_15_prometheus_on_ceph_is_named() -> None:
                                                                 "resources": {"requests": {"storage": "500Gi"}}}}}
 
     old = edit(fresh("prod"), release_of("kube-prometheus-stack"), on_ceph)
-    found = named(rehearse(old).findings, "release-volumes-bind", release_of("kube-prometheus-stack"), old)
+    found = named(rehearsed(old).findings, "release-volumes-bind", release_of("kube-prometheus-stack"), old)
     assert found and "ceph-block" in found[0].problem
 
 
@@ -247,7 +249,7 @@ def test_item_8_pod_identity_allowed_by_cidr_only_is_named() -> None:
         inputs["spec"]["egress"] = egress
 
     old = edit(fresh("prod"), of_type("cilium.io/v2:CiliumNetworkPolicy"), by_cidr)
-    found = named(rehearse(old).findings, "pod-identity-reachable", of_type("CiliumNetworkPolicy"), old)
+    found = named(rehearsed(old).findings, "pod-identity-reachable", of_type("CiliumNetworkPolicy"), old)
     assert {lookup(old.by_urn()[f.urn].inputs, "metadata.namespace") for f in found} >= {"research", "foundation"}
 
 
@@ -256,5 +258,5 @@ def test_item_1_coredns_before_any_node_is_named() -> None:
         return record.type == "aws:eks/addon:Addon" and record.inputs.get("addonName") == "coredns"
 
     old = cut(fresh("prod"), is_coredns, of_type("eks/nodeGroup:NodeGroup"))
-    found = named(rehearse(old).findings, "addon-needs-nodes", is_coredns, old)
+    found = named(rehearsed(old).findings, "addon-needs-nodes", is_coredns, old)
     assert found and "no Ready node" in found[0].problem

@@ -15,12 +15,13 @@ from rehearsal_records import (
     node_group,
     rec,
     recording,
+    rehearsed,
     release,
 )
 from trainyard.plan.cluster_model import Taint, Toleration, quantity
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.rehearse import Finding, rehearse
+from trainyard.plan.rehearse import Finding
 
 ROOK_VALUES = {
     "cephClusterSpec": {
@@ -38,7 +39,7 @@ STORAGE_TAINT = {"key": "trainyard.io/role", "value": "storage", "effect": "NO_S
 
 
 def findings(*records: ResourceRecord) -> list[Finding]:
-    return list(rehearse(recording(*records)).findings)
+    return list(rehearsed(recording(*records)).findings)
 
 
 def launch_problems(*records: ResourceRecord) -> list[Finding]:
@@ -144,16 +145,9 @@ def test_anti_affinity_replicas_need_distinct_nodes() -> None:
     cni = cilium(eks)
     one_node = node_group("system", eks, cni, nodes=1)
     karpenter = release("karpenter", "oci://public.ecr.aws/karpenter/karpenter",
-                        {"nodeSelector": {"trainyard.io/role": "system"}}, one_node)
+                        {"nodeSelector": {"trainyard.io/role": "system"}, "settings": {"clusterName": "test"}},
+                        one_node)
     assert rules_of(eks, cni, one_node, karpenter) == [("release-needs-nodes", "karpenter")]
-
-
-def test_a_chart_without_a_pod_model_is_reported() -> None:
-    eks, cni, system = base()
-    assert rules_of(eks, cni, system, release("x", "some-new-chart", {}, system)) == [
-        ("release-needs-nodes", "x")]
-    assert findings(eks, cni, system, release("x", "some-new-chart", {}, system, atomic=False,
-                                             skip_await=True)) == []
 
 
 def test_a_claim_on_ceph_created_before_ceph_never_binds() -> None:
@@ -189,7 +183,8 @@ def test_replica_size_above_the_osd_hosts_never_binds() -> None:
 
 
 def _karpenter(*after: ResourceRecord, gate: bool = True) -> ResourceRecord:
-    values = {"nodeSelector": {"trainyard.io/role": "system"}, "settings": {"featureGates": {"nodeOverlay": gate}}}
+    values = {"nodeSelector": {"trainyard.io/role": "system"},
+              "settings": {"clusterName": "test", "featureGates": {"nodeOverlay": gate}}}
     return release("karpenter", "karpenter", values, *after)
 
 
@@ -351,7 +346,7 @@ def test_hook_jobs_need_a_node_even_without_waiting() -> None:
     cni = cilium(eks)
     problems = findings(eks, early, cni, node_group("system", eks, cni))
     assert [(f.rule, f.name) for f in problems] == [("release-needs-nodes", "monitoring")]
-    assert "runs the hook Job for admission-webhook-jobs" in problems[0].problem
+    assert "runs the hook for Job/monitoring-kube-prometheus-admission-create" in problems[0].problem
     no_hooks = release("monitoring", "kube-prometheus-stack", {"prometheusOperator": {"admissionWebhooks": {
         "patch": {"enabled": False}}}}, eks, atomic=False, skip_await=True)
     assert findings(eks, no_hooks, cni, node_group("system", eks, cni)) == []

@@ -1,13 +1,12 @@
 """The add-on declarations: platform/addons.yaml read, checked against the chart catalogue, in dependency order.
 
-Data only: which charts each add-on installs, the CRD groups they bring, its metrics, its pods and what it waits
+Data only: which charts each add-on installs, the CRD groups they bring, its metrics and what it waits
 for. The config layer derives the stack's `addons` section from it; the platform registry (platform/registry.py)
 joins each declaration to the code that builds it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,7 +25,7 @@ GENERIC_COMPONENT = "chart_addon"
 MONITORING = "monitoring"
 
 _KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "needs", "cni", "serviceMonitors", "scrape",
-                   "pods", "afterTenants", "switch"))
+                   "afterTenants", "switch"))
 _SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels", "when"))
 
 
@@ -44,30 +43,6 @@ class ScrapeTarget:
 
 
 @dataclass(frozen=True)
-class ChartPod:
-    """One Deployment/StatefulSet (or hook Job) of a chart that a waiting install needs running: where its
-    placement keys live in the chart's values and the chart's defaults for them (the rehearsal's pod model)."""
-
-    name: str
-    at: str  # dotted values path holding nodeSelector / tolerations / affinity / replicas ("" = top level)
-    enabled: str | None = None  # dotted path of the switch that deploys it; None: always deployed
-    enabled_default: bool = True
-    replicas: int = 1
-    spread: bool = False  # the chart's default affinity keeps replicas on distinct nodes (required)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] = field(default_factory=dict)
-    selector_key: str = "nodeSelector"
-    tolerations_key: str = "tolerations"
-    replicas_key: str = "replicas"
-    hook: bool = False  # a Helm hook Job: Helm runs it to completion even without --wait
-
-
-# addons.yaml key (camelCase) -> ChartPod field.
-_POD_FIELDS = {to_camel(f.name): f.name for f in dataclasses.fields(ChartPod)}
-
-
-@dataclass(frozen=True)
 class AddonSpec:
     """One entry of platform/addons.yaml (see that file for what each field means)."""
 
@@ -81,7 +56,6 @@ class AddonSpec:
     cni: bool = False
     service_monitors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scrape: tuple[ScrapeTarget, ...] = ()
-    pods: Mapping[str, tuple[ChartPod, ...]] = field(default_factory=dict)
     after_tenants: bool = False
     switch: bool = True
 
@@ -160,7 +134,6 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> AddonSpec:
         service_monitors=MappingProxyType(monitors),
         scrape=tuple(_scrape(f"{at}.scrape[{i}]", target, scrape_namespace)
                      for i, target in enumerate(_list(at, "scrape", entry.get("scrape", [])))),
-        pods=MappingProxyType(_pods(at, entry.get("pods", {}), charts)),
         after_tenants=entry.get("afterTenants", False), switch=entry.get("switch", True))
     if not set(optional) <= set(charts):
         raise CatalogueError(f"{at}.optionalCharts: only charts of 'charts' can be optional")
@@ -200,23 +173,6 @@ def _scrape(at: str, target: object, namespace: str) -> ScrapeTarget:
                         selector=MappingProxyType({str(k): str(v) for k, v in selector.items()}),
                         port=str(target["port"]), honor_labels=bool(target.get("honorLabels", False)),
                         when=_names(at, "when", target.get("when", [])))
-
-
-def _pods(at: str, value: object, charts: tuple[str, ...]) -> dict[str, tuple[ChartPod, ...]]:
-    if not isinstance(value, dict) or not set(value) <= set(charts):
-        raise CatalogueError(f"{at}.pods: a map from this add-on's charts ({', '.join(charts)}) to the pods a "
-                             "waiting install needs running ([] when Helm waits for none)")
-    optional = ", ".join(k for k in _POD_FIELDS if k not in ("name", "at"))
-    table = {}
-    for chart, pods in value.items():
-        parsed = []
-        for index, pod in enumerate(_list(at, f"pods.{chart}", pods)):
-            if not isinstance(pod, dict) or not {"name", "at"} <= set(pod) or not set(pod) <= set(_POD_FIELDS):
-                raise CatalogueError(f"{at}.pods.{chart}[{index}]: expected name, at and optionally {optional}")
-            fields = {_POD_FIELDS[key]: item for key, item in pod.items()}
-            parsed.append(ChartPod(**{**fields, "tolerations": tuple(fields.get("tolerations") or ())}))
-        table[chart] = tuple(parsed)
-    return table
 
 
 def _component(at: str, module: object, charts: tuple[str, ...]) -> str:

@@ -16,7 +16,6 @@ import yaml
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.paths import REPO_ROOT
-from trainyard.plan.chart_pods import affinity_terms, chart_name, lookup
 from trainyard.plan.cluster_model import (
     GIB,
     InstanceOffer,
@@ -31,7 +30,9 @@ from trainyard.plan.cluster_model import (
     quantity,
     satisfies,
 )
+from trainyard.plan.pods import affinity_terms, lookup
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rendering import chart_name
 from trainyard.platform.registry import load_registry
 
 RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -16,7 +16,6 @@ from typing import Any
 
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.paths import REPO_ROOT
-from trainyard.plan.chart_pods import chart_name, lookup, pod_needs, release_pods
 from trainyard.plan.cluster_model import (
     GIB,
     PodNeeds,
@@ -32,7 +31,9 @@ from trainyard.plan.cluster_model import (
     untolerated,
 )
 from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, ClusterState, ceph_cluster_problem
+from trainyard.plan.pods import awaited_by_install, lookup, pod_needs, workloads
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rendering import RenderedRelease, RenderedStack, chart_name
 from trainyard.platform.registry import load_registry
 
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
@@ -47,6 +48,11 @@ class Moment:
     before: ClusterState  # what exists when the engine starts creating the resource
     after: ClusterState  # what exists once the run is over
     records: Mapping[str, ResourceRecord]  # every record by URN, for rules that read a sibling object
+    rendered: RenderedStack  # the objects every Helm release installs
+
+    def release(self, record: ResourceRecord) -> RenderedRelease:
+        """What a Release record renders (every Release of the run is rendered)."""
+        return self.rendered.releases[str(record.inputs.get("name", record.name))]
 
 
 Check = Callable[[ResourceRecord, Moment], "str | None"]
@@ -131,25 +137,21 @@ def addon_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
 
 
 # A Release waits for its Deployments/StatefulSets unless skipAwait (pulumi-kubernetes Release docs: "skipAwait
-# will be disabled automatically if atomic is used"), and for its hook Jobs always (Helm chart hooks docs); their
-# pods need nodes present at that point, or a Karpenter NodePool that can launch one (Karpenter scheduling docs:
-# node selectors, taints, resources).
+# will be disabled automatically if atomic is used"), and for its install hook Jobs always (Helm chart hooks docs);
+# the pods the chart renders need nodes present at that point, or a Karpenter NodePool that can launch one
+# (Karpenter scheduling docs: node selectors, taints, resources).
 def release_waits(record: ResourceRecord) -> bool:
     return bool(record.inputs.get("atomic")) or not record.inputs.get("skipAwait")
 
 
 def release_needs_nodes(record: ResourceRecord, moment: Moment) -> str | None:
-    chart = str(record.inputs.get("chart", ""))
     waits = release_waits(record)
-    pods = release_pods(chart, record.inputs.get("values") or {}, waits=waits)
-    if pods is None:
-        return f"no pod model for chart {chart_name(chart)!r}: list its pods in platform/addons.yaml (`pods`)" \
-            if waits else None
     ready = ready_pools(moment.before)
-    for pod in pods:
+    for awaited in awaited_by_install(workloads(moment.release(record).objects), waits=waits):
+        pod = awaited.needs()
         if can_run_now(pod, ready) or can_launch(pod, ready):
             continue
-        why = "waits (atomic/skipAwait false)" if waits else "runs the hook Job"
+        why = "waits (atomic/skipAwait false)" if waits and not awaited.hooks else "runs the hook"
         return (f"the install {why} for {pod.name}, which cannot be scheduled: "
                 f"{_placement_problem(pod, ready, launch=True)}")
     return None

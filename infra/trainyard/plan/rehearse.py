@@ -4,9 +4,10 @@ The plan's other checks look at the shape of each resource. This one asks whethe
 Pulumi engine starts a resource once everything it waits on is done (`engine_order`: its `depends_on`, which the
 SDK also fills from the outputs it consumes, its parent and its provider), so the cluster a resource meets is made of
 exactly those resources, transitively. Anything else may or may not be there yet, and a rule never counts on it.
-For each resource the rules in `readiness.RULES` check it against that cluster (and, for what controllers do
-later, against the cluster at the end of the run). The first problem in creation order is what `pulumi up`
-would hit first.
+What a Helm release puts into the cluster is read from its rendered objects (`rendering`), never from a model
+of the chart. For each resource the rules in `readiness.RULES` check it against that cluster (and, for what
+controllers do later, against the cluster at the end of the run). The first problem in creation order is what
+`pulumi up` would hit first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import RULES, Moment
 from trainyard.plan.recording import Recording
+from trainyard.plan.rendering import RenderedStack
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +47,8 @@ class Rehearsal:
         return not self.findings
 
 
-def rehearse(recording: Recording) -> Rehearsal:
+def rehearse(recording: Recording, rendered: RenderedStack) -> Rehearsal:
+    """Walk `recording` in creation order; `rendered` holds what each of its Helm releases installs."""
     order, closure = creation_order(recording.resources)
     by_urn = recording.by_urn()
     end = cluster_state(recording.resources)
@@ -57,7 +60,7 @@ def rehearse(recording: Recording) -> Rehearsal:
         if not rules:
             continue
         moment = Moment(before=cluster_state(by_urn[u] for u in sorted(closure[record.urn])), after=end,
-                        records=by_urn)
+                        records=by_urn, rendered=rendered)
         for rule in rules:
             checks += 1
             if problem := rule.check(record, moment):

@@ -303,8 +303,8 @@ _Loader.add_constructor("tag:yaml.org,2002:timestamp", _string)
 
 def _helm_message(text: str) -> str:
     """Helm's error on one line per cause, without the chart's absolute path."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(lines)[:2000]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("Use --debug")]
+    return "; ".join(line.removesuffix("; Use --debug flag to render out invalid YAML") for line in lines)[:2000]
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:

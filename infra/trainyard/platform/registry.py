@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from trainyard.catalogue.addons import ADDONS_FILE, AddonSpec, ChartPod, load_addons
+from trainyard.catalogue.addons import ADDONS_FILE, AddonSpec, load_addons
 from trainyard.catalogue.charts import CatalogueError
 from trainyard.config import Settings
 from trainyard.config.addons import addon_settings
@@ -40,10 +40,6 @@ class Registry:
     def owner(self, chart: str) -> Addon:
         """The add-on installing `chart`."""
         return next(a for a in self.addons if chart in a.charts)
-
-    def chart_pods(self) -> dict[str, tuple[ChartPod, ...]]:
-        """Release -> the pods a waiting install of it needs (each add-on's `pods`)."""
-        return {release: pods for a in self.addons for release, pods in a.pods.items()}
 
     def crd_owners(self) -> dict[str, str]:
         """CRD API group -> the chart (release) that installs it."""
