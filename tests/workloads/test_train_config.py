@@ -104,3 +104,118 @@ def test_bad_input_is_one_line_and_a_final_exit_code(
 def test_preflight_passes_a_valid_line(tmp_path: Path) -> None:
     argv = ["--nnodes=1:2", "-m", "trainyard_train", "--config", str(CONFIGS / "tiny.yaml"), f"run_dir={tmp_path}"]
     assert _trainer(tmp_path, *argv, module="trainyard_train.preflight").returncode == 0
+
+
+# --- hostile and unusual input (issue 24): one ConfigError naming the key or file, never a crash -------------
+
+BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
+               for p, a in zip([None, *"abcdefg"], "abcdefgh", strict=True))
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "key"),
+    [
+        ("optim:\n  lr: .inf\n", [], "optim.lr"),
+        ("", ["comm.timeout_s=.inf"], "comm.timeout_s"),
+        ("", ["shutdown.grace_period_s=-.inf"], "shutdown.grace_period_s"),
+        ("", ["optim.lr=.nan"], "optim.lr"),
+        ("", ["optim.betas=[0.9, .nan]"], "optim.betas[1]"),
+        ("", ["optim.lr=[1"], "optim.lr"),
+        ("", ["train.steps={a: b"], "train.steps"),
+        ("", ["train..steps=3"], "train..steps"),
+        ("", ["run_dir=a\x01b"], "run_dir"),
+    ],
+)
+def test_hostile_values_name_their_key(tmp_path: Path, text: str, overrides: list[str], key: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, overrides)
+    assert str(excinfo.value).startswith(f"{key}:"), str(excinfo.value)
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)  # 9^8 = 43 million values once expanded; old code: MemoryError
+    with pytest.raises(ConfigError, match=r"^--config: .*bomb.yaml is not valid YAML: expands to more than"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="expands to more than"):
+        load_config(None, [f"data.path={{{BOMB.replace(chr(10), ', ')}}}"])
+
+
+def test_ordinary_aliases_are_still_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  betas: &b [0.8, 0.9]\ntrain: &t {steps: 3, log_every: 2}\n")
+    cfg = load_config(path, ["train.seed=7"])
+    assert cfg.optim.betas == (0.8, 0.9) and cfg.train.steps == 3 and cfg.train.seed == 7
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "optim:\n  lr: 0.01\t# a tab before the comment\n",
+        "optim:\n  lr:\t0.01\n",
+        "\t# a comment line that starts with a tab\noptim:\n  lr: 0.01\n",
+        "optim: {lr:\t0.01}\n",
+        "optim:\n  lr: 0.01 \t \n",
+    ],
+)
+def test_tabs_where_yaml_allows_them_are_accepted(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path).optim.lr == 0.01
+
+
+def test_a_tab_as_indentation_is_still_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n\tlr: 0.01\n")  # YAML forbids tabs for indentation (spec 1.2.2, 6.1)
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(path)
+
+
+def test_a_binary_config_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    with pytest.raises(ConfigError, match=r"^--config: .*c.yaml is not UTF-8 text"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "65536", "9108 ", "１２３", "0x10"])
+def test_a_garbage_metrics_port_env_is_a_config_error(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from trainyard_train.metrics import PORT_ENV, resolve_port
+
+    monkeypatch.setenv(PORT_ENV, raw)
+    with pytest.raises(ConfigError, match=f"^{PORT_ENV}: expected a port number"):
+        resolve_port(9108)
+
+
+def test_a_metrics_port_in_use_is_a_config_error() -> None:
+    import socket
+
+    from trainyard_train.metrics import TrainMetrics
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"^metrics.port: port {port} is already in use"):
+            TrainMetrics().serve(port)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        ('{"num_shards": 2, "records_per', "is not a dataset manifest"),
+        ("", "is not a dataset manifest"),
+        ('{"num_shards": 2}', "is not a dataset manifest (no 'records_per_shard')"),
+        ('{"num_shards": "2", "records_per_shard": 1, "record_len": 3, "vocab_size": 4}', "must be positive integers"),
+        ("[]", "is not a dataset manifest"),
+    ],
+)
+def test_a_broken_dataset_manifest_is_named_before_the_rendezvous(tmp_path: Path, manifest: str, reason: str) -> None:
+    from trainyard_train.preflight import check_command_line
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(manifest)
+    with pytest.raises(ConfigError, match=rf"^data.path: .*manifest.json:? .*{reason[:20]}"):
+        check_command_line([f"run_dir={tmp_path}", "data.path=data", "data.generate=false"])

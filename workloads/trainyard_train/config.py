@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import typing
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from . import safe_yaml
 
 
 class ConfigError(ValueError):
@@ -211,16 +214,7 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
-
-
-def _plain(value: Any) -> Any:
-    """Tuples to lists so the dump is plain YAML that load_config reads back."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return yaml.safe_dump(safe_yaml.plain(self.to_dict()), sort_keys=False)  # tuples as lists
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
@@ -248,6 +242,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
                 value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _require(ok, key, f"expected a number, got {value!r}")
+        # .inf / .nan are YAML floats, and no setting here means anything by them (an infinite lr trains to NaN).
+        _require(math.isfinite(value), key, f"must be a finite number, got {value!r}")
         return float(value)
     if annotation is str:
         _require(isinstance(value, str), key, f"expected a string, got {value!r}")
@@ -277,17 +273,24 @@ def _build(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``a.b=value`` strings (value parsed as YAML) to a nested mapping, returning a new one."""
-    result: dict[str, Any] = _plain(dict(raw))
+    try:
+        result: dict[str, Any] = safe_yaml.plain(dict(raw))
+    except safe_yaml.InvalidYamlError as exc:
+        raise ConfigError(f"<config>: {exc}") from exc
     for item in overrides:
         key, sep, text = item.partition("=")
         _require(bool(sep) and bool(key), item, "overrides look like section.key=value")
         node = result
         parts = key.split(".")
+        _require(all(parts), key, "empty key in the dotted path")
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             _require(isinstance(child, dict), ".".join(parts[: depth + 1]), "is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(text)
+        try:
+            node[parts[-1]] = safe_yaml.load(text)
+        except safe_yaml.InvalidYamlError as exc:
+            raise ConfigError(f"{key}: {text!r} is not a YAML value ({exc})") from exc
     return result
 
 
@@ -301,10 +304,12 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
     raw: Any = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = safe_yaml.load(Path(path).read_text(encoding="utf-8")) or {}
         except OSError as exc:
             raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        except safe_yaml.InvalidYamlError as exc:
             raise ConfigError(f"--config: {path} is not valid YAML: {exc}") from exc
         _require(isinstance(raw, dict), str(path), "top level must be a mapping")
     return parse_config(raw, overrides)
@@ -318,5 +323,5 @@ def check_run_dir(cfg: Config) -> None:
         probe = path / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"run_dir: {path} is not writable ({exc.strerror or exc})") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise ConfigError(f"run_dir: {path} is not writable ({getattr(exc, 'strerror', None) or exc})") from exc

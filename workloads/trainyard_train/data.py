@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import Config
+from .config import Config, ConfigError
 
 MANIFEST = "manifest.json"
 _DTYPE = np.dtype("<u2")
@@ -44,13 +44,20 @@ class Manifest:
 
     @classmethod
     def read(cls, data_dir: Path) -> Manifest:
-        raw = json.loads((data_dir / MANIFEST).read_text())
-        return cls(
-            num_shards=int(raw["num_shards"]),
-            records_per_shard=int(raw["records_per_shard"]),
-            record_len=int(raw["record_len"]),
-            vocab_size=int(raw["vocab_size"]),
-        )
+        """The manifest, or a ConfigError naming the file (a truncated upload, a foreign file, missing keys)."""
+        path = data_dir / MANIFEST
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            sizes = {name: raw[name] for name in ("num_shards", "records_per_shard", "record_len", "vocab_size")}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"data.path: {path} is missing") from exc
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            reason = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ConfigError(f"data.path: {path} is not a dataset manifest ({reason})") from exc
+        bad = [k for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+        if bad:
+            raise ConfigError(f"data.path: {path}: {', '.join(bad)} must be positive integers")
+        return cls(**sizes)
 
 
 def shard_key(shard_index: int) -> str:

@@ -3,11 +3,15 @@ dashboards: do not rename them."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from .config import ConfigError
 
 PORT_ENV = "TRAINYARD_METRICS_PORT"
 
@@ -15,7 +19,11 @@ PORT_ENV = "TRAINYARD_METRICS_PORT"
 def resolve_port(configured: int) -> int:
     """The env var wins so a job template can move the port without editing the config file."""
     raw = os.environ.get(PORT_ENV)
-    return int(raw) if raw else configured
+    if not raw:
+        return configured
+    if re.fullmatch(r"[0-9]{1,5}", raw) is None or int(raw) > 65535:
+        raise ConfigError(f"{PORT_ENV}: expected a port number in [0, 65535], got {raw!r}")
+    return int(raw)
 
 
 class TrainMetrics:
@@ -54,4 +62,10 @@ class TrainMetrics:
         self.last_step_timestamp.set(time.time())
 
     def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+        try:
+            start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigError(f"metrics.port: port {port} is already in use on this node (another job or process "
+                              f"there serves it; {PORT_ENV} overrides the config)") from exc

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 
 from .checkpoint import complete_checkpoints, read_commit
 from .config import Config, ConfigError, check_run_dir, load_config
+from .data import MANIFEST, Manifest
 from .exitcodes import CONFIG_ERROR
+from .metrics import resolve_port
 
 RUN_MODEL_KEY = "model"
 """The commit marker's copy of the model section: what a resumed run must match (loop.Trainer.save)."""
@@ -71,10 +73,20 @@ def check_resumable(cfg: Config) -> None:
                           "use a new run_dir, or set the model back")
 
 
+def check_data(cfg: Config) -> None:
+    """A dataset the run cannot read is found now, not by every worker after the rendezvous."""
+    if (cfg.data_dir / MANIFEST).exists():
+        Manifest.read(cfg.data_dir)
+    elif not cfg.data.generate:
+        raise ConfigError(f"data.path: {cfg.data_dir / MANIFEST} is missing and data.generate is false")
+
+
 def check(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.overrides)
+    resolve_port(cfg.metrics.port)
     check_run_dir(cfg)
     check_resumable(cfg)
+    check_data(cfg)
     return cfg
 
 
