@@ -32,7 +32,7 @@ import torch
 from .config import Config, ConfigError
 
 MANIFEST = "manifest.json"
-_DTYPE = np.dtype("<u2")
+TOKEN_DTYPE = np.dtype("<u2")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Manifest:
     records_per_shard: int
     record_len: int
     vocab_size: int
+    content_sha256: str | None = None
+    """SHA-256 of the text the shards were made from (prepare.py); None for the synthetic corpus."""
 
     @classmethod
     def read(cls, data_dir: Path) -> Manifest:
@@ -57,7 +59,8 @@ class Manifest:
         bad = [k for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         if bad:
             raise ConfigError(f"data.path: {path}: {', '.join(bad)} must be positive integers")
-        return cls(**sizes)
+        digest = raw.get("content_sha256")
+        return cls(**sizes, content_sha256=digest if isinstance(digest, str) else None)
 
 
 def shard_key(shard_index: int) -> str:
@@ -65,7 +68,7 @@ def shard_key(shard_index: int) -> str:
     return f"shard-{shard_index:05d}"
 
 
-def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(payload)
     os.replace(tmp, path)
@@ -93,10 +96,10 @@ def generate_successor_corpus(
         random_tokens = rng.integers(0, vocab_size, (records_per_shard, record_len))
         for t in range(1, record_len):
             tokens[:, t] = np.where(noisy[:, t], random_tokens[:, t], successor[tokens[:, t - 1]])
-        _atomic_write_bytes(data_dir / f"{shard_key(shard)}.bin", tokens.astype(_DTYPE).tobytes())
+        atomic_write_bytes(data_dir / f"{shard_key(shard)}.bin", tokens.astype(TOKEN_DTYPE).tobytes())
     manifest = Manifest(num_shards, records_per_shard, record_len, vocab_size)
     meta = {**manifest.__dict__, "generator": "successor", "noise": noise, "seed": seed}
-    _atomic_write_bytes(data_dir / MANIFEST, json.dumps(meta, indent=2).encode())
+    atomic_write_bytes(data_dir / MANIFEST, json.dumps(meta, indent=2).encode())
     return manifest
 
 
@@ -129,10 +132,10 @@ class ShardReader:
         if shard not in self._maps:
             m = self.manifest
             path = self.data_dir / f"{shard_key(shard)}.bin"
-            expected = m.records_per_shard * m.record_len * _DTYPE.itemsize
+            expected = m.records_per_shard * m.record_len * TOKEN_DTYPE.itemsize
             if path.stat().st_size != expected:
                 raise ValueError(f"{path}: {path.stat().st_size} bytes, manifest implies {expected}")
-            self._maps[shard] = np.memmap(path, dtype=_DTYPE, mode="r", shape=(m.records_per_shard, m.record_len))
+            self._maps[shard] = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(m.records_per_shard, m.record_len))
         return self._maps[shard][index]
 
     def records(self, record_ids: np.ndarray, out: np.ndarray) -> None:

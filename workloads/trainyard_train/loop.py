@@ -288,6 +288,7 @@ class Trainer:
             resumed_from=str(resumed.path) if resumed else None,
             accum=self.accum,
             hook=cfg.comm.hook,
+            data_sha256=self.loader.reader.manifest.content_sha256,  # which data this run saw (prepare.py)
         )
         self.metrics.start(
             world_size=env.world_size,
