@@ -17,6 +17,7 @@ from .checkpoint import complete_checkpoints, read_commit
 from .config import Config, ConfigError, check_run_dir, load_config
 from .data import MANIFEST, Manifest
 from .exitcodes import CONFIG_ERROR
+from .export import ExportTarget
 from .metrics import resolve_port
 
 RUN_MODEL_KEY = "model"
@@ -84,6 +85,7 @@ def check_data(cfg: Config) -> None:
 def check(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.overrides)
     resolve_port(cfg.metrics.port)
+    ExportTarget.from_env()
     check_run_dir(cfg)
     check_resumable(cfg)
     check_data(cfg)

@@ -14,13 +14,28 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from .config import ConfigError
-from .distributed import DistEnv, destroy_distributed, init_distributed
+from .config import Config, ConfigError
+from .distributed import DistEnv, Runtime, destroy_distributed, init_distributed
 from .exitcodes import CONFIG_ERROR
+from .export import CheckpointExport, ExportTarget, ExportWatcher
 from .logs import kv, setup_logging
 from .loop import Trainer
-from .preflight import check, config_error_line, parse_args
+from .preflight import check, check_resumable, config_error_line, parse_args
 from .signals import final_exit
+
+
+def _exported(cfg: Config, runtime: Runtime) -> ExportWatcher | None:
+    """With an export target: restore an empty run_dir from the bucket's newest committed copy (rank 0, before
+    anyone looks), then upload each new commit from rank 0's watcher thread (export.py)."""
+    target = ExportTarget.from_env()
+    if target is None:
+        return None
+    export = CheckpointExport(target, cfg.checkpoint.keep_last) if runtime.env.is_main else None
+    if export is not None:
+        export.restore_if_empty(cfg.checkpoint_dir)
+    dist.barrier(group=runtime.cpu_group)
+    check_resumable(cfg)  # what came from the bucket must be this model's run too
+    return ExportWatcher(export, cfg.checkpoint_dir).start() if export is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,11 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if env.shared_agent_store and env.is_main:
         log.warning(kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun"))
     runtime = init_distributed(env, cfg.comm.timeout_s)
+    watcher = None
     try:
         try:
+            watcher = _exported(cfg, runtime)
             code = Trainer(cfg, runtime).run()
         except ConfigError as exc:  # found once the data, the world size and the checkpoints are known
             return final_exit(CONFIG_ERROR, config_error_line(exc))
+        finally:
+            if watcher is not None:  # the last commit's upload, within the stop's grace period
+                watcher.close(cfg.shutdown.grace_period_s)
         # Leave together: a rank tearing down gloo while its peer still finishes the last commit
         # intermittently aborted ("terminate called without an active exception") on CPU.
         dist.barrier(group=runtime.cpu_group)
