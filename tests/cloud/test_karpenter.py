@@ -10,6 +10,7 @@ from aws_plan import by_urn, of_type, one, plan
 from trainyard.cloud.karpenter import INTERRUPTION_EVENTS
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.plan.conformance import upstream_dir
+from trainyard.plan.runtime import read_stack, settings_of
 
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -47,10 +48,26 @@ def test_crs_validate_against_upstream_schemas(stack: str) -> None:
         {k: broken[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
 
 
-def test_one_node_class_and_pool_per_gpu_pool() -> None:
-    assert set(_crs("prod", NODE_POOL)) == {"h100", "h100-spot", "h200", "h100-mig", "h200-mig"}
-    assert set(_crs("prod", NODE_CLASS)) == set(_crs("prod", NODE_POOL))
-    assert set(_crs("staging", NODE_POOL)) == {"a100", "a100-mig"}
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_one_node_class_and_pool_per_gpu_pool(stack: str) -> None:
+    gpu_pools = {p.name for p in settings_of(read_stack(stack)).pools("gpu")}
+    assert gpu_pools and set(_crs(stack, NODE_POOL)) == gpu_pools
+    assert set(_crs(stack, NODE_CLASS)) == gpu_pools
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_reserved_pools_select_their_reservations_by_id(stack: str) -> None:
+    """Karpenter launches `reserved` nodes only into reservations its node class selects (odcrs.md @v1.14.1)."""
+    classes, pools = _crs(stack, NODE_CLASS), _crs(stack, NODE_POOL)
+    for pool in settings_of(read_stack(stack)).pools("gpu"):
+        terms = classes[pool.name].inputs["spec"].get("capacityReservationSelectorTerms")
+        template = pools[pool.name].inputs["spec"]["template"]
+        requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
+        if pool.capacity_reservations:
+            assert terms == [{"id": r.id} for r in pool.capacity_reservations]
+            assert "reserved" in requirements["karpenter.sh/capacity-type"]
+        else:
+            assert terms is None and "reserved" not in requirements["karpenter.sh/capacity-type"]
 
 
 def test_node_pool_content() -> None:

@@ -24,7 +24,8 @@ def _container(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_one_check_per_efa_pool_and_none_elsewhere(prod: Recording, local: Recording) -> None:
-    assert set(_checks(prod)) == {"fabric-check-h100", "fabric-check-h100-spot", "fabric-check-h200"}
+    efa_pools = [p.name for p in settings_of(read_stack("prod")).node_pools if p.efa]
+    assert efa_pools and set(_checks(prod)) == {f"fabric-check-{name}" for name in efa_pools}
     assert _checks(local) == {}
     assert _checks(render(read_stack("dev"))) == {}
 

@@ -145,7 +145,8 @@ def build_aws(settings: Settings) -> ControlPlane:
                 facts, startup_taints=(GPU_HEALTH_TAINT,) if settings.addons.gpu_health.enabled else (),
                 instance_types=tuple(pool.instance_types), capacity_types=tuple(pool.capacity_types),
                 max_nodes=pool.max_size, user_data=gpu_user_data,
-                placement_group=placement.name if placement is not None else None)
+                placement_group=placement.name if placement is not None else None,
+                capacity_reservations=tuple(r.id for r in pool.capacity_reservations))
         pools.append(facts)
 
     ready: tuple[pulumi.Resource, ...] = (

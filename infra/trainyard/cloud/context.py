@@ -35,6 +35,8 @@ class PoolFacts:
     root_volume_gib: int = 100
     user_data: str = ""
     placement_group: pulumi.Input[str] | None = None
+    # EC2 capacity reservation ids (ODCRs, Capacity Blocks) Karpenter launches the pool's `reserved` nodes into.
+    capacity_reservations: tuple[str, ...] = ()
 
     @property
     def karpenter(self) -> bool:

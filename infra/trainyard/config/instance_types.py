@@ -43,6 +43,10 @@ class InstanceType:
     nvme_devices: int = 0
     nvme_device_gb: int = 0
     efa_interfaces: int = 0
+    # Layers of network nodes EC2's DescribeInstanceTopology reports for the type (0: none, so no
+    # topology.k8s.aws/network-node-layer-* labels and no Volcano HyperNode): the EC2 User Guide's
+    # ec2-instance-topology-prerequisites.html lists p4d, p4de, p5, p5e, p5en and g6e with 3; g5 and g6 are absent.
+    network_layers: int = 0
 
     @property
     def family(self) -> str:
@@ -50,9 +54,10 @@ class InstanceType:
 
 
 def _gpu(name: str, gpu: GpuModel, count: int, mem: int, vcpu: int, ram: int, nvme: tuple[int, int], efa: int,
-         price: float) -> InstanceType:
+         price: float, layers: int = 0) -> InstanceType:
     return InstanceType(name=name, vcpu=vcpu, memory_gib=ram, on_demand_hourly_usd=price, gpu=gpu, gpu_count=count,
-                        gpu_memory_gib=mem, nvme_devices=nvme[0], nvme_device_gb=nvme[1], efa_interfaces=efa)
+                        gpu_memory_gib=mem, nvme_devices=nvme[0], nvme_device_gb=nvme[1], efa_interfaces=efa,
+                        network_layers=layers)
 
 
 def _cpu(name: str, vcpu: int, ram: int, price: float, nvme: tuple[int, int] = (0, 0)) -> InstanceType:
@@ -64,19 +69,19 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     it.name: it
     for it in (
         # Training: SXM parts with NVSwitch, EFA and NVMe instance store.
-        _gpu("p4d.24xlarge", GpuModel.A100_40GB, 8, 40, 96, 1152, (8, 1000), 4, 21.96),
-        _gpu("p4de.24xlarge", GpuModel.A100_80GB, 8, 80, 96, 1152, (8, 1000), 4, 27.45),
-        _gpu("p5.48xlarge", GpuModel.H100_80GB, 8, 80, 192, 2048, (8, 3840), 32, 55.04),
-        _gpu("p5e.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 32, 61.39),
-        _gpu("p5en.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 16, 63.30),
+        _gpu("p4d.24xlarge", GpuModel.A100_40GB, 8, 40, 96, 1152, (8, 1000), 4, 21.96, layers=3),
+        _gpu("p4de.24xlarge", GpuModel.A100_80GB, 8, 80, 96, 1152, (8, 1000), 4, 27.45, layers=3),
+        _gpu("p5.48xlarge", GpuModel.H100_80GB, 8, 80, 192, 2048, (8, 3840), 32, 55.04, layers=3),
+        _gpu("p5e.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 32, 61.39, layers=3),
+        _gpu("p5en.48xlarge", GpuModel.H200_141GB, 8, 141, 192, 2048, (8, 3840), 16, 63.30, layers=3),
         # Development and small jobs.
         _gpu("g5.xlarge", GpuModel.A10G, 1, 24, 4, 16, (1, 250), 0, 1.006),
         _gpu("g5.12xlarge", GpuModel.A10G, 4, 24, 48, 192, (1, 3800), 0, 5.672),
         _gpu("g5.48xlarge", GpuModel.A10G, 8, 24, 192, 768, (2, 3800), 1, 16.288),
         _gpu("g6.xlarge", GpuModel.L4, 1, 24, 4, 16, (1, 250), 0, 0.805),
         _gpu("g6.12xlarge", GpuModel.L4, 4, 24, 48, 192, (4, 940), 0, 4.602),
-        _gpu("g6e.xlarge", GpuModel.L40S, 1, 48, 4, 32, (1, 250), 0, 1.861),
-        _gpu("g6e.12xlarge", GpuModel.L40S, 4, 48, 48, 384, (2, 1900), 0, 10.493),
+        _gpu("g6e.xlarge", GpuModel.L40S, 1, 48, 4, 32, (1, 250), 0, 1.861, layers=3),
+        _gpu("g6e.12xlarge", GpuModel.L40S, 4, 48, 48, 384, (2, 1900), 0, 10.493, layers=3),
         # System pool: controllers, Prometheus, Ceph mons and mgrs.
         _cpu("m7i.xlarge", 4, 16, 0.2016),
         _cpu("m7i.2xlarge", 8, 32, 0.4032),

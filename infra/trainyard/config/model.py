@@ -135,7 +135,9 @@ KUBERNETES_VERSIONS = ("1.33", "1.34")
 Environment = Literal["dev", "staging", "prod", "local"]
 Target = Literal["aws", "local"]
 PoolRole = Literal["system", "storage", "gpu"]
-CapacityType = Literal["spot", "on-demand"]
+# reserved: instances in the pool's capacityReservations (Karpenter's own capacity type for ODCRs and Capacity Blocks,
+# karpenter-provider-aws website/content/en/docs/tasks/odcrs.md @v1.14.1).
+CapacityType = Literal["spot", "on-demand", "reserved"]
 TaintEffect = Literal["NoSchedule", "NoExecute", "PreferNoSchedule"]
 LogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
 JobKind = Literal["elastic", "mig", "smoke"]
@@ -203,6 +205,27 @@ class Taint(Model):
     effect: TaintEffect = "NoSchedule"
 
 
+class CapacityReservation(Model):
+    """An EC2 On-Demand Capacity Reservation or Capacity Block for ML the pool's nodes launch into.
+
+    Karpenter selects it by id (EC2NodeClass capacityReservationSelectorTerms) and launches into it with capacity
+    type `reserved`. The count, type and zone are what the reservation was bought with (`aws ec2
+    describe-capacity-reservations`): the plan prices it and checks the pool can use all of it.
+    """
+
+    id: Annotated[str, Field(pattern=r"^cr-[0-9a-z]+$")]
+    # EC2's reservation types as Karpenter labels them (karpenter.k8s.aws/capacity-reservation-type).
+    type: Literal["default", "capacity-block"] = "default"
+    instance_type: str
+    zone: str
+    instance_count: Annotated[int, Field(gt=0, le=450)]
+    # A Capacity Block is paid in full when it is bought: its upfront fee and length (EC2
+    # DescribeCapacityBlockOfferings UpfrontFee and CapacityBlockDurationHours). Required for capacity-block only.
+    upfront_fee_usd: Annotated[float, Field(gt=0, le=100_000_000)] | None = None
+    # At most 182 days (EC2 User Guide, capacity-blocks-purchase.html: up to 182 days in 7-day steps).
+    duration_hours: Annotated[int, Field(gt=0, le=182 * 24)] | None = None
+
+
 class NodePool(Model):
     name: DnsLabel
     role: PoolRole
@@ -221,6 +244,8 @@ class NodePool(Model):
     placement_group: bool = False
     zones: list[str] | None = Field(default=None, max_length=6)
     root_volume_gib: Annotated[int, Field(ge=20, le=16384)] = 100
+    # Needs `reserved` in capacityTypes; Karpenter 1.14 takes at most 30 selector terms (EC2NodeClass CRD maxItems).
+    capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
 
     @model_validator(mode="before")
     @classmethod
@@ -339,6 +364,18 @@ class Autoscaling(Model):
     enabled: bool = False
 
 
+class NetworkTopology(Model):
+    """Volcano's `networkTopology` for a multi-node job: how close its nodes must sit in the EC2 network tree.
+
+    Tiers are the HyperNodes built from the EKS topology labels (platform/volcano/values.yaml): 1 = the nodes share a
+    layer-3 network node, 2 = layer-2, 3 = layer-1. soft prefers the lowest tier that fits and never waits for one;
+    hard keeps the job Pending until one HyperNode of at most highestTier holds it (README, "Network topology").
+    """
+
+    mode: Literal["soft", "hard"]
+    highest_tier: Annotated[int, Field(ge=1, le=3)] | None = None
+
+
 class Job(Model):
     # Pod hostnames are `<name>-worker-<i>`, DNS labels of at most 63 characters: room for 3 digits.
     name: Annotated[DnsLabel, Field(max_length=52)]
@@ -360,6 +397,8 @@ class Job(Model):
     # Seconds the trainer gets after SIGTERM to write a checkpoint (spot gives two minutes' notice).
     checkpoint_grace_seconds: Annotated[int, Field(ge=10, le=3600)] = 100
     autoscaling: Autoscaling = Autoscaling()
+    # Unset: soft on a multi-node job, none on a one-node job.
+    network_topology: NetworkTopology | None = None
 
 
 class FabricCheckSettings(Model):

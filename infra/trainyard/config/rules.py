@@ -215,8 +215,9 @@ def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
     else:
         if any(t.gpu is not None for t in types):
             yield Problem(f"{at}.instanceTypes", f"a {pool.role!r} pool may not use GPU instance types")
-        if len(pool.capacity_types) != 1:
-            yield Problem(f"{at}.capacityTypes", "managed node groups take exactly one of: on-demand, spot")
+        if len(pool.capacity_types) != 1 or "reserved" in pool.capacity_types:
+            yield Problem(f"{at}.capacityTypes", "managed node groups take exactly one of: on-demand, spot "
+                                                 "('reserved' is for 'gpu' pools, which Karpenter launches)")
         if pool.mig_layout is not None:
             yield Problem(f"{at}.migLayout", "only 'gpu' pools can have a MIG layout")
     if pool.role == "storage" and any(t.nvme_devices == 0 for t in types):
@@ -237,6 +238,52 @@ def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
     if pool.placement_group and (pool.zones is None or len(pool.zones) != 1):
         yield Problem(f"{at}.placementGroup", "a cluster placement group lives in one zone: set exactly one entry "
                                               "in zones")
+    yield from _capacity_reservations(at, pool, zones)
+
+
+# EC2 User Guide, capacity-blocks-purchase.html: "Each Capacity Block can have up to 64 instances".
+CAPACITY_BLOCK_MAX_INSTANCES = 64
+
+
+def _capacity_reservations(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
+    """A reserved pool launches into its reservations only: Karpenter needs each one selected and usable."""
+    reserved = "reserved" in pool.capacity_types
+    if reserved and not pool.capacity_reservations and pool.role == "gpu":
+        yield Problem(f"{at}.capacityTypes", "'reserved' needs capacityReservations: the ODCRs or Capacity Blocks "
+                                             "the pool's nodes launch into")
+    if pool.capacity_reservations and not reserved:
+        yield Problem(f"{at}.capacityReservations", "need 'reserved' in capacityTypes: Karpenter launches into a "
+                                                    "reservation only with that capacity type")
+    if pool.capacity_reservations and pool.role != "gpu":
+        yield Problem(f"{at}.capacityReservations", "only 'gpu' pools (launched by Karpenter) use reservations")
+    for rid in _duplicates([r.id for r in pool.capacity_reservations]):
+        yield Problem(f"{at}.capacityReservations", f"{rid} is listed twice")
+    pool_zones = set(pool.zones) if pool.zones is not None else zones
+    for j, r in enumerate(pool.capacity_reservations):
+        here = f"{at}.capacityReservations[{j}]"
+        if r.instance_type not in pool.instance_types:
+            yield Problem(f"{here}.instanceType", f"{r.instance_type!r} is not one of the pool's instanceTypes: "
+                                                  f"{_allowed(pool.instance_types)}")
+        if pool_zones and r.zone not in pool_zones:
+            yield Problem(f"{here}.zone", f"{r.zone!r} is not a zone the pool launches in: {_allowed(pool_zones)}")
+        block = r.type == "capacity-block"
+        for key, value in (("upfrontFeeUsd", r.upfront_fee_usd), ("durationHours", r.duration_hours)):
+            if block and value is None:
+                yield Problem(f"{here}.{key}", "is required for a capacity-block: it is paid in full at purchase, "
+                                               "and the plan prices the pool from it")
+            if not block and value is not None:
+                yield Problem(f"{here}.{key}", "is only for type 'capacity-block' (an ODCR is billed per hour at "
+                                               "the on-demand rate)")
+        if block and r.instance_count > CAPACITY_BLOCK_MAX_INSTANCES:
+            yield Problem(f"{here}.instanceCount", f"a Capacity Block holds at most {CAPACITY_BLOCK_MAX_INSTANCES} "
+                                                   "instances")
+    reserved_nodes = sum(r.instance_count for r in pool.capacity_reservations)
+    if pool.capacity_reservations and pool.capacity_types == ["reserved"] and pool.desired_size > reserved_nodes:
+        yield Problem(f"{at}.desiredSize", f"{pool.desired_size} nodes, but a pool with only 'reserved' capacity "
+                                           f"launches no more than its {reserved_nodes} reserved instances")
+    if reserved_nodes > pool.max_size:
+        yield Problem(f"{at}.maxSize", f"{pool.max_size} is below the {reserved_nodes} reserved instances: the rest "
+                                       "would be paid for and never launched")
 
 
 def _mig_layouts(s: Settings, mig: MigCatalog) -> Iterator[Problem]:
@@ -416,6 +463,7 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
             yield Problem(f"{at}.autoscaling.enabled", f"only 'elastic' jobs grow between minNodes and maxNodes, "
                                                        f"this is a {job.kind!r} job")
         yield from _trainer_config(f"{at}.trainerConfig", job.trainer_config, trainer_configs)
+        yield from _network_topology(f"{at}.networkTopology", job)
         if job.dataset is not None and not s.addons.alluxio.enabled:
             yield Problem(f"{at}.dataset", "datasets are read through Alluxio: addons.alluxio.enabled must be true")
         if s.target == "local":
@@ -431,10 +479,64 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
         yield from _job_on_pool(at, job, pools[job.node_pool], mig)
 
 
+def _network_topology(at: str, job: Job) -> Iterator[Problem]:
+    topology = job.network_topology
+    if topology is None:
+        return
+    if job.max_nodes == 1:
+        yield Problem(at, "places the nodes of a multi-node job; this job runs on one node (maxNodes 1)")
+    if topology.mode == "soft" and topology.highest_tier is not None:
+        yield Problem(f"{at}.highestTier", "has no effect in soft mode: Volcano relaxes a soft job to the whole "
+                                           "cluster (set mode: hard to bound it)")
+    if topology.mode == "hard" and topology.highest_tier is None:
+        yield Problem(f"{at}.highestTier", "is required in hard mode: without it Volcano applies no bound "
+                                           "(JobInfo.IsHardTopologyMode needs a tier)")
+    if topology.mode == "hard" and job.autoscaling.enabled:
+        yield Problem(f"{at}.mode", "hard cannot grow: a running hard job's new pods fit only inside the HyperNode "
+                                    "it already holds, while Karpenter launches their nodes anywhere in the pool "
+                                    "(use soft with autoscaling)")
+
+
+def co_located(pool: NodePool) -> bool:
+    """Whether every node the pool can launch sits in one known part of the EC2 network: reserved-only capacity
+    from Capacity Blocks (placed in EC2 UltraClusters), or one instance type in a cluster placement group."""
+    blocks = bool(pool.capacity_reservations) and all(r.type == "capacity-block" for r in pool.capacity_reservations)
+    if pool.capacity_types == ["reserved"] and blocks:
+        return True
+    return pool.placement_group and len(pool.instance_types) == 1 and "spot" not in pool.capacity_types
+
+
+def _hard_topology_on_pool(at: str, job: Job, pool: NodePool) -> Iterator[Problem]:
+    """A hard job whose nodes Karpenter may launch outside any one HyperNode stays Pending on empty nodes, which
+    Karpenter removes after consolidateAfter and launches again: refuse it where the pool cannot promise."""
+    topology = job.network_topology
+    if topology is None or topology.mode != "hard":
+        return
+    types = _pool_types(pool)
+    unlabelled = [t.name for t in types if t.network_layers == 0]
+    if unlabelled:
+        yield Problem(f"{at}.networkTopology.mode", f"hard on pool {pool.name!r}: {', '.join(unlabelled)} report no "
+                                                    "EC2 network topology, so their nodes are in no HyperNode and the "
+                                                    "job would never start")
+    elif topology.highest_tier is not None and topology.highest_tier > min(t.network_layers for t in types):
+        yield Problem(f"{at}.networkTopology.highestTier", f"{topology.highest_tier} is above the "
+                                                           f"{min(t.network_layers for t in types)} network layers "
+                                                           f"of pool {pool.name!r}")
+    if "spot" in pool.capacity_types:
+        yield Problem(f"{at}.networkTopology.mode", f"hard on spot pool {pool.name!r}: a reclaimed node's replacement "
+                                                    "may land outside the job's HyperNode and its pod never bind "
+                                                    "(use soft)")
+    elif not co_located(pool):
+        yield Problem(f"{at}.networkTopology.mode", f"hard needs capacity known to be co-located; pool {pool.name!r} "
+                                                    "has neither Capacity Blocks only (capacityTypes [reserved]) nor "
+                                                    "one instance type in a placement group (use soft)")
+
+
 def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator[Problem]:
     if pool.role != "gpu":
         yield Problem(f"{at}.nodePool", f"{pool.name!r} is a {pool.role!r} pool; training runs on 'gpu' pools")
         return
+    yield from _hard_topology_on_pool(at, job, pool)
     if job.max_nodes > pool.max_size:
         yield Problem(f"{at}.maxNodes", f"{job.max_nodes} exceeds pool {pool.name!r} maxSize {pool.max_size}")
     types = _pool_types(pool)

@@ -23,7 +23,8 @@ from trainyard.plan.recording import ResourceRecord
 
 Format = Literal["markdown", "text"]
 # Options that change what the engine does with a resource, compared alongside its inputs.
-_OPTIONS = ("parent", "provider", "depends_on", "protect", "retain_on_delete", "deleted_with")
+_OPTIONS = ("parent", "provider", "depends_on", "protect", "retain_on_delete", "deleted_with", "replace_on_changes",
+            "delete_before_replace")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class PoolDelta:
     gpus: int
     slices: int
     hourly_usd: float
+    upfront_usd: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class StackDiff:
     @property
     def monthly_usd(self) -> float:
         return self.hourly_usd * HOURS_PER_MONTH
+
+    @property
+    def upfront_usd(self) -> float:
+        return sum(p.upfront_usd for p in self.pools)
 
     @property
     def empty(self) -> bool:
@@ -101,8 +107,9 @@ def pool_deltas(base: Sequence[PoolCapacity], head: Sequence[PoolCapacity]) -> t
             gpus=(a.gpus if a else 0) - (b.gpus if b else 0),
             slices=(a.slices if a else 0) - (b.slices if b else 0),
             hourly_usd=round((a.hourly_usd if a else 0.0) - (b.hourly_usd if b else 0.0), 4),
+            upfront_usd=round((a.upfront_usd if a else 0.0) - (b.upfront_usd if b else 0.0), 2),
         )
-        if (delta.nodes, delta.gpus, delta.slices, delta.hourly_usd) != (0, 0, 0, 0.0):
+        if (delta.nodes, delta.gpus, delta.slices, delta.hourly_usd, delta.upfront_usd) != (0, 0, 0, 0.0, 0.0):
             deltas.append(delta)
     return tuple(deltas)
 
@@ -142,7 +149,9 @@ def format_diff(diffs: Sequence[StackDiff], fmt: Format = "markdown", base_ref: 
             lines.append("No changes.")
             continue
         lines.append(f"{len(d.added)} to add, {len(d.changed)} to change, {len(d.removed)} to remove; "
-                     f"cost {_signed(d.hourly_usd, True)} $/h ({_signed(d.monthly_usd, True)} $/month)")
+                     f"cost {_signed(d.hourly_usd, True)} $/h ({_signed(d.monthly_usd, True)} $/month)"
+                     + (f", {_signed(d.upfront_usd, True)} $ up front (Capacity Blocks, paid at purchase)"
+                        if d.upfront_usd else ""))
         lines += _resource_lines(d, markdown)
         if d.pools:
             lines += _pool_lines(d, markdown)
@@ -163,10 +172,10 @@ def _resource_lines(d: StackDiff, markdown: bool) -> list[str]:
 
 def _pool_lines(d: StackDiff, markdown: bool) -> list[str]:
     cells = [(p.name, _signed(p.nodes), _signed(p.gpus), _signed(p.slices), _signed(p.hourly_usd, True),
-              _signed(p.hourly_usd * HOURS_PER_MONTH, True)) for p in d.pools]
-    header = ("pool", "nodes", "GPUs", "MIG slices", "$/h", "$/month")
+              _signed(p.hourly_usd * HOURS_PER_MONTH, True), _signed(p.upfront_usd, True)) for p in d.pools]
+    header = ("pool", "nodes", "GPUs", "MIG slices", "$/h", "$/month", "up-front $")
     if markdown:
-        return ["", "| " + " | ".join(header) + " |", "|---|--:|--:|--:|--:|--:|",
+        return ["", "| " + " | ".join(header) + " |", "|---|--:|--:|--:|--:|--:|--:|",
                 *("| " + " | ".join(c) + " |" for c in cells)]
     return ["  " + "".join(f"{h:>12}" for h in header), *("  " + "".join(f"{c:>12}" for c in row) for row in cells)]
 
@@ -215,7 +224,9 @@ def _record(data: dict[str, Any]) -> ResourceRecord:
                           parent=data.get("parent"), provider=data.get("provider"),
                           depends_on=tuple(data.get("depends_on", ())), protect=bool(data.get("protect")),
                           retain_on_delete=bool(data.get("retain_on_delete")), deleted_with=data.get("deleted_with"),
-                          inputs=data.get("inputs", {}))
+                          inputs=data.get("inputs", {}),
+                          replace_on_changes=tuple(data.get("replace_on_changes", ())),
+                          delete_before_replace=bool(data.get("delete_before_replace")))
 
 
 def parse_renders(payload: str) -> dict[str, StackRender]:

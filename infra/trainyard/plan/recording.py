@@ -25,6 +25,8 @@ class ResourceRecord:
     retain_on_delete: bool
     deleted_with: str | None
     inputs: dict[str, Any]
+    replace_on_changes: tuple[str, ...] = ()
+    delete_before_replace: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -37,6 +39,8 @@ class ResourceRecord:
             "protect": self.protect,
             "retain_on_delete": self.retain_on_delete,
             "deleted_with": self.deleted_with,
+            "replace_on_changes": list(self.replace_on_changes),
+            "delete_before_replace": self.delete_before_replace,
             "inputs": self.inputs,
         }
 
@@ -79,6 +83,8 @@ class RecordingMonitor(mocks.MockMonitor):
                 retain_on_delete=bool(request.retainOnDelete),
                 deleted_with=request.deletedWith or None,
                 inputs=plain(request.object),
+                replace_on_changes=tuple(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
             ))
         return response
 

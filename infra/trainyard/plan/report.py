@@ -54,17 +54,19 @@ def summary(recording: Recording, settings: Settings, pools: list[PoolCapacity])
     if pools:
         lines += ["", "Node pools (nodes min/desired/max; GPUs and MIG slices at desired size):",
                   f"  {'pool':<12} {'role':<8} {'type':<15} {'capacity':<15} {'nodes':>9} {'GPUs':>5} "
-                  f"{'max':>5} {'MIG layout':<15} {'slices':>6} {'$/h':>9} {'$/month':>11}"]
+                  f"{'max':>5} {'MIG layout':<15} {'slices':>6} {'$/h':>9} {'$/month':>11} {'up-front $':>11}"]
         for p in pools:
             lines.append(
                 f"  {p.name:<12} {p.role:<8} {p.instance_type:<15} {p.capacity:<15} "
                 f"{f'{p.min_nodes}/{p.desired_nodes}/{p.max_nodes}':>9} {p.gpus:>5} {p.max_gpus:>5} "
-                f"{p.mig_layout or '-':<15} {p.slices:>6} {p.hourly_usd:>9,.2f} {p.monthly_usd:>11,.0f}")
+                f"{p.mig_layout or '-':<15} {p.slices:>6} {p.hourly_usd:>9,.2f} {p.monthly_usd:>11,.0f} "
+                f"{p.upfront_usd:>11,.0f}")
         total_h = sum(p.hourly_usd for p in pools)
         lines.append(f"  {'total':<12} {'':<8} {'':<15} {'':<15} "
                      f"{sum(p.desired_nodes for p in pools):>9} {sum(p.gpus for p in pools):>5} "
                      f"{sum(p.max_gpus for p in pools):>5} {'':<15} {sum(p.slices for p in pools):>6} "
-                     f"{total_h:>9,.2f} {sum(p.monthly_usd for p in pools):>11,.0f}")
+                     f"{total_h:>9,.2f} {sum(p.monthly_usd for p in pools):>11,.0f} "
+                     f"{sum(p.upfront_usd for p in pools):>11,.0f}")
         lines.append(f"  ({price_note(settings)}; EKS control plane, NAT, storage and traffic not included)")
     if recording.outputs:
         lines += ["", "Outputs:"] + [f"  {k}: {v}" for k, v in sorted(recording.outputs.items())]

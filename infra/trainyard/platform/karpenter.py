@@ -62,6 +62,10 @@ def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
     }
     if pool.placement_group is not None:
         spec["placementGroupSelector"] = {"name": pool.placement_group}
+    if pool.capacity_reservations:
+        # By id: Karpenter launches `reserved` nodes only into reservations these terms select, never into an
+        # `open` ODCR it was not told about (website/content/en/docs/tasks/odcrs.md @v1.14.1).
+        spec["capacityReservationSelectorTerms"] = [{"id": rid} for rid in pool.capacity_reservations]
     return spec
 
 

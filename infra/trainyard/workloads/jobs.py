@@ -49,7 +49,9 @@ class _TrainingJob(pulumi.ComponentResource):
         crds = [args.volcano] if args.volcano is not None else []
         self.volcano_job = k8s.apiextensions.CustomResource(
             name, api_version=volcano.API_VERSION, kind=volcano.KIND, metadata=metadata, spec=spec,
-            opts=k8s_options(cluster, self, [*ready, *crds, config, self.checkpoint_claim]),
+            opts=pulumi.ResourceOptions.merge(
+                k8s_options(cluster, self, [*ready, *crds, config, self.checkpoint_claim]),
+                volcano.REPLACE_ON_SPEC_CHANGE),
         )
         self.pod_monitor = None
         if args.monitoring is not None:
@@ -114,6 +116,7 @@ class ElasticTrainingJob(_TrainingJob):
             replicas=job.max_nodes if job.autoscaling.enabled else job.min_nodes,
             max_retry=volcano.ELASTIC_MAX_RETRY,
             policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_FAILED_POD],
+            topology=volcano.network_topology(job),
         )
 
 

@@ -32,6 +32,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pulumi
+
+from trainyard.config.model import Job
 from trainyard.workloads.args import TrainingJobArgs
 from trainyard.workloads.launch import CONFIG_ERROR_EXIT_CODE, WORKER_TASK
 from trainyard.workloads.pod import job_labels
@@ -46,6 +49,11 @@ CHECKOV_SKIPS = {
     f"checkov.io/skip{i}": f"{check}={_UNSEEN}"
     for i, check in enumerate(("CKV_K8S_23", "CKV_K8S_29", "CKV_K8S_31", "CKV_K8S_38", "CKV_K8S_40"), start=1)
 }
+# Volcano's admission webhook refuses any change to a Job's spec but minAvailable, tasks[*].replicas and
+# priorityClassName (validateJobUpdate, pkg/webhooks/admission/jobs/validate/admit_job.go @v1.15.1): an update in
+# place (a new image, a networkTopology) would fail `pulumi up`. Pulumi replaces the Job instead, deleting the old
+# one first (same name); the run resumes from its checkpoint volume, which is a separate, retained resource.
+REPLACE_ON_SPEC_CHANGE = pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)
 # Pod restarts (PodFailed -> RestartPod, one per lost pod) over the job's life before Volcano marks it Failed; spot
 # pools lose nodes often.
 ELASTIC_MAX_RETRY = 16
@@ -62,6 +70,19 @@ RESTART_FAILED_POD: Policy = {"event": "PodFailed", "action": "RestartPod"}
 TERMINATE_ON_CONFIG_ERROR: Policy = {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"}
 # A smoke run proves the platform works; retrying would hide the failure it exists to show.
 TERMINATE_ON_FAILED_POD: Policy = {"event": "PodFailed", "action": "TerminateJob"}
+# A multi-node gang that may spread over the whole cluster but is packed into the lowest HyperNode tier that holds
+# it: Volcano turns soft into hard at the cluster-top tier, which every node belongs to, so it never waits
+# (pkg/scheduler/framework/session.go adjustNetworkTopologySpec @v1.15.1).
+SOFT_TOPOLOGY: dict[str, Any] = {"mode": "soft"}
+
+
+def network_topology(job: Job) -> dict[str, Any] | None:
+    """spec.networkTopology: the stack's setting, soft for any other multi-node job, none for one node."""
+    if job.network_topology is None:
+        return dict(SOFT_TOPOLOGY) if job.max_nodes > 1 else None
+    if job.network_topology.mode == "soft":
+        return dict(SOFT_TOPOLOGY)
+    return {"mode": "hard", "highestTierAllowed": job.network_topology.highest_tier}
 
 
 def job_manifest(
@@ -72,6 +93,7 @@ def job_manifest(
     replicas: int,
     max_retry: int,
     policies: list[Policy],
+    topology: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, spec) of the Volcano Job; one task, `worker`, whose pods run the template."""
     metadata = {"name": args.job.name, "namespace": args.namespace, "labels": job_labels(args),
@@ -88,4 +110,6 @@ def job_manifest(
         "policies": [dict(policy) for policy in policies],
         "tasks": [{"name": WORKER_TASK, "replicas": replicas, "template": template}],
     }
+    if topology is not None:
+        spec["networkTopology"] = topology
     return metadata, spec

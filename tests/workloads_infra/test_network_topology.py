@@ -1,0 +1,54 @@
+"""Every multi-node Volcano job declares `networkTopology`; the mode is the stack's, soft unless it says hard.
+
+Without the field Volcano places a gang anywhere; with it the network-topology-aware plugin packs the gang into the
+lowest HyperNode tier that holds it (soft) or waits for one (hard). Expectations come from each stack's settings.
+"""
+
+from __future__ import annotations
+
+import pytest
+from jobs_render import fabric_checks, rendered, training_jobs, volcano_jobs, volcano_schema_errors
+from trainyard.plan.runtime import available_stacks, read_stack, settings_of
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_multi_node_jobs_declare_their_topology(stack: str) -> None:
+    recording = rendered(stack)
+    settings = settings_of(read_stack(stack))
+    jobs = training_jobs(recording)
+    for job in settings.workloads:
+        spec = jobs[job.name].inputs["spec"]
+        declared = job.network_topology
+        if job.max_nodes == 1:
+            assert "networkTopology" not in spec, job.name
+        elif declared is None or declared.mode == "soft":
+            assert spec["networkTopology"] == {"mode": "soft"}, job.name
+        else:
+            assert spec["networkTopology"] == {"mode": "hard", "highestTierAllowed": declared.highest_tier}
+        assert not volcano_schema_errors(jobs[job.name]), job.name
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_fabric_checks_are_soft(stack: str) -> None:
+    for name, record in fabric_checks(rendered(stack)).items():
+        assert record.inputs["spec"]["networkTopology"] == {"mode": "soft"}, name
+
+
+def test_a_stack_example_uses_hard_topology() -> None:
+    """The prod example: a fixed-size job on a Capacity Block pool asks for hard placement."""
+    hard = [(j, p) for s in available_stacks() for settings in [settings_of(read_stack(s))]
+            for j in settings.workloads if j.network_topology and j.network_topology.mode == "hard"
+            for p in [settings.pool(j.node_pool or "")]]
+    assert hard, "no stack shows a hard-topology job"
+    for job, pool in hard:
+        assert pool.capacity_types == ["reserved"] or pool.placement_group, (job.name, pool.name)
+        assert not job.autoscaling.enabled
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_a_changed_job_spec_replaces_the_job(stack: str) -> None:
+    """Volcano's webhook refuses spec updates beyond minAvailable, replicas and priorityClassName (validateJobUpdate
+    @v1.15.1), so adding networkTopology to a running stack's job must replace it, deleting the old one first."""
+    for name, record in volcano_jobs(rendered(stack)).items():
+        assert record.replace_on_changes == ("spec",), name
+        assert record.delete_before_replace, name
