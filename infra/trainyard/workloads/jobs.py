@@ -105,7 +105,8 @@ class ElasticTrainingJob(_TrainingJob):
         multi_node = job.max_nodes > 1
         resources = (sizing.whole_gpus(args.pool, job.gpus_per_node, efa=multi_node) if args.pool
                      else sizing.cpu_only())
-        command, arguments = launch.elastic(job, args.namespace, resources.processes, datasets=args.datasets)
+        command, arguments = launch.elastic(job, args.namespace, resources.processes, datasets=args.datasets,
+                                            numa_binding=sizing.numa_binding(args.pool, resources))
         return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never",
                         same_zone=multi_node)
 
@@ -152,7 +153,8 @@ class SmokeTrainingJob(_TrainingJob):
                      else sizing.cpu_only())
         # No retries anywhere: a smoke test that fails must show as failed.
         command, arguments = launch.single_node(args.job, resources.processes, 0,
-                                                f"train.steps={launch.SMOKE_STEPS}", datasets=args.datasets)
+                                                f"train.steps={launch.SMOKE_STEPS}", datasets=args.datasets,
+                                                numa_binding=sizing.numa_binding(args.pool, resources))
         return PodShape(command=command, args=arguments, resources=resources, restart_policy="Never")
 
     def manifest(self, args: TrainingJobArgs, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

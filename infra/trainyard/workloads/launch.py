@@ -93,7 +93,13 @@ def _dataset_overrides(job: Job, datasets: str) -> list[str]:
     return [f"data.path={posixpath.join(datasets, job.dataset)}", "data.generate=false"]
 
 
-def elastic(job: Job, namespace: str, processes: int, *, datasets: str = DATASET_DIR) -> tuple[list[str], list[str]]:
+def _numa(binding: str | None) -> list[str]:
+    """torchrun --numa-binding (torch 2.13; it runs each worker under numactl, which the image installs)."""
+    return [f"--numa-binding={binding}"] if binding else []
+
+
+def elastic(job: Job, namespace: str, processes: int, *, datasets: str = DATASET_DIR,
+            numa_binding: str | None = None) -> tuple[list[str], list[str]]:
     """(command, args) of a multi-node elastic job: torchrun --nnodes=MIN:MAX over c10d."""
     args = [
         f"--nnodes={job.min_nodes}:{job.max_nodes}",
@@ -104,17 +110,19 @@ def elastic(job: Job, namespace: str, processes: int, *, datasets: str = DATASET
         f"--rdzv-id={namespace}-{job.name}",
         f"--max-restarts={TORCHRUN_MAX_RESTARTS}",
         f"--shutdown-timeout={shutdown_timeout(job)}",
+        *_numa(numa_binding),
         *trainer_module_args(job, datasets=datasets),
     ]
     return ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"], args
 
 
-def single_node(job: Job, processes: int, max_restarts: int, *overrides: str,
-                datasets: str = DATASET_DIR) -> tuple[list[str], list[str]]:
+def single_node(job: Job, processes: int, max_restarts: int, *overrides: str, datasets: str = DATASET_DIR,
+                numa_binding: str | None = None) -> tuple[list[str], list[str]]:
     """(command, args) of a one-pod job: torchrun's standalone rendezvous on localhost."""
     args = [
         "--standalone", "--nnodes=1", f"--nproc-per-node={processes}", f"--max-restarts={max_restarts}",
         f"--shutdown-timeout={shutdown_timeout(job)}",
+        *_numa(numa_binding),
         *trainer_module_args(job, *overrides, datasets=datasets),
     ]
     return ["sh", "-c", SINGLE_NODE_WRAPPER, "torchrun"], args

@@ -85,6 +85,25 @@ def mig_slice(pool: PoolFacts, profile: str) -> PodResources:
                         processes=1)
 
 
+def numa_binding(pool: PoolFacts | None, resources: PodResources) -> str | None:
+    """torchrun's --numa-binding for this pod, or None.
+
+    torch 2.13's `socket` mode (torch/numa/binding.py) runs local rank i on the CPUs of GPU i's socket that the pod's
+    cpuset holds, and fails the worker's start when it holds none. Only a pod with every GPU of its node and more
+    CPUs than half the node can count on exclusive CPUs in both sockets of the two-socket 8-GPU hosts (the static CPU
+    manager's cpuset is all the pod gets; more than one socket's CPUs cannot fit in one). Any smaller pod relies on
+    the kubelet's best-effort NUMA alignment instead, which binds its cpuset near its GPUs when it can
+    (cloud/userdata.py). `socket` rather than `node`: it holds for any number of NUMA nodes per socket.
+    """
+    if pool is None:
+        return None
+    gpus = resources.accelerators.get(WHOLE_GPU_RESOURCE, 0)
+    types = [INSTANCE_TYPES[name] for name in pool.instance_types if name in INSTANCE_TYPES]
+    whole = bool(types) and all(t.gpu_count > 1 and gpus == t.gpu_count and 2 * resources.millicpu > t.vcpu * 1000
+                                for t in types)
+    return "socket" if whole else None
+
+
 def cpu_only() -> PodResources:
     return PodResources(accelerators={}, millicpu=CPU_ONLY_MILLICPU, memory_bytes=CPU_ONLY_MEMORY_BYTES,
                         processes=CPU_ONLY_PROCESSES)
