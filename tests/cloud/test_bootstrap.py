@@ -440,6 +440,25 @@ def test_limits_file(plain: Node) -> None:
     assert entries == expected
 
 
+@pytest.mark.parametrize("role", ["gpu", "storage", "system"])
+def test_gpu_nodes_refuse_gpus_named_by_env_in_unprivileged_containers(plain: Node, tmp_path: Path,
+                                                                      role: str) -> None:
+    """nvidia-container-toolkit's accept-nvidia-visible-devices-envvar-when-unprivileged (default true) lets any
+    unprivileged container see the GPUs its NVIDIA_VISIBLE_DEVICES names; GPU nodes turn it off with nvidia-ctk."""
+    shims, log = tmp_path / "ctk", tmp_path / "nvidia-ctk.log"
+    shims.mkdir()
+    (shims / "nvidia-ctk").write_text(f'#!/bin/sh\necho "$*" >>{shlex.quote(str(log))}\n')
+    (shims / "nvidia-ctk").chmod(0o755)
+    argv = plain.argv("--role", role, "--devices", "")
+    argv[1] = f"PATH={shims}:{plain.path}"
+    result = plain.host.run(shlex.join(argv))
+    assert result.rc == 0, result.stderr
+    calls = log.read_text().splitlines() if log.exists() else []
+    config = plain.root / "etc/nvidia-container-runtime/config.toml"
+    expected = [f"config -i -c {config} --set accept-nvidia-visible-devices-envvar-when-unprivileged=false"]
+    assert calls == (expected if role == "gpu" else [])
+
+
 def test_apply_loads_only_our_file_under_a_foreign_root(plain: Node) -> None:
     assert plain.prepare("--role", "system", apply=True).rc == 0
     assert plain.calls() == [f"sysctl -p {plain.root}/etc/sysctl.d/90-trainyard.conf"]

@@ -130,8 +130,11 @@ EOF
 write_settings() {
   sysctl_conf | install_file "$(under /etc/sysctl.d/90-trainyard.conf)" 0644
   limits_conf | install_file "$(under /etc/security/limits.d/90-trainyard.conf)" 0644
-  [[ $role != gpu ]] ||
+  if [[ $role == gpu ]]; then
+    # Unprivileged pods get no GPU by NVIDIA_VISIBLE_DEVICES (toolkit 1.20 cuda_image.go)
+    ! command -v nvidia-ctk >/dev/null || nvidia-ctk config -i -c "$(under /etc/nvidia-container-runtime/config.toml)" --set accept-nvidia-visible-devices-envvar-when-unprivileged=false
     containerd_dropin | install_file "$(under /etc/systemd/system/containerd.service.d/90-trainyard.conf)" 0644
+  fi
 }
 
 apply_settings() {
