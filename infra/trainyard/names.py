@@ -15,6 +15,13 @@ class ServiceAccountRef:
 ROLE_LABEL = "trainyard.io/role"
 POOL_LABEL = "trainyard.io/pool"
 GPU_TAINT_KEY = "nvidia.com/gpu"
+# Label and taint (NoSchedule) of pools whose GPUs serve several pods: `mig` (a partitioning MIG layout) or
+# `time-sliced` (nodePools[].gpuSharing). Only pods that tolerate it land there; whole-GPU training never does.
+GPU_SHARING_KEY = "trainyard.io/gpu-sharing"
+# The GPU Operator's device plugin picks its config (devicePlugin.config.data key) by this node label.
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+# That config's name for time-sliced pools (platform/gpu-operator/values.yaml devicePlugin.config.data).
+TIME_SLICED_CONFIG = "time-sliced"
 # GPU node admission (platform/gpu-health/gpu-health-check.sh spells the same keys): a Karpenter startup taint
 # that only a passed check removes, the taint a failed check adds, and the node label with the result.
 GPU_HEALTH_TAINT_KEY = "trainyard.io/gpu-health"

@@ -220,8 +220,65 @@ def test_tenant_wide_bucket_grant_is_caught(resource: str) -> None:
     assert policy.urn in flagged("tenant-objects-scoped", swap(resources, broken))
 
 
+# --- GPU isolation ---------------------------------------------------------------------------------------------
+
+def _device_plugin_config_map(r: Resource) -> bool:
+    return kind_of(r) == "ConfigMap" and metadata(r).get("name") == "trainyard-device-plugin"
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"renameByDefault": False}, "renameByDefault"),
+    ({"failRequestsGreaterThanOne": False}, "failRequestsGreaterThanOne"),
+])
+def test_time_slicing_as_plain_gpus_is_caught(change: dict[str, Any], fragment: str) -> None:
+    resources, config_map = find(_device_plugin_config_map, "the device plugin's ConfigMap")
+    sliced = {"version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {
+        "renameByDefault": True, "failRequestsGreaterThanOne": True,
+        "resources": [{"name": "nvidia.com/gpu", "replicas": 4}], **change}}}
+    good = copy.deepcopy(sliced)
+    good["sharing"]["timeSlicing"].update(renameByDefault=True, failRequestsGreaterThanOne=True)
+    for config, caught in ((good, False), (sliced, True)):
+        data = {**config_map.inputs["data"], "time-sliced": json.dumps(config)}
+        edited = dataclasses.replace(config_map, inputs={**config_map.inputs, "data": data})
+        assert (config_map.urn in flagged("gpu-sharing-renamed", swap(resources, edited))) == caught
+    data = {**config_map.inputs["data"], "time-sliced": json.dumps(sliced)}
+    broken = dataclasses.replace(config_map, inputs={**config_map.inputs, "data": data})
+    messages = [v.message for v in evaluate(swap(resources, broken))["gpu-sharing-renamed"]]
+    assert any(fragment in m for m in messages), messages
+
+
+def test_unmarked_mig_pool_is_caught() -> None:
+    resources, pool = find(_has_mig_label, "a MIG NodePool")
+    template = _node_template(pool)
+    template["metadata"]["labels"].pop("trainyard.io/gpu-sharing")
+    template["spec"]["taints"] = [t for t in template["spec"]["taints"] if t["key"] != "trainyard.io/gpu-sharing"]
+    assert pool.urn in flagged("shared-gpu-pools-marked", swap(resources, pool))
+
+
+def test_whole_gpu_job_tolerating_shared_pools_is_caught() -> None:
+    resources, job = find(_is_gpu_job, "a Volcano Job requesting GPUs")
+    for pod in pod_specs(job.inputs["spec"]):
+        pod["tolerations"] = [*(pod.get("tolerations") or []), {"operator": "Exists"}]
+    assert job.urn in flagged("whole-gpus-unshared", swap(resources, job))
+
+
+def test_gpus_by_env_var_are_caught() -> None:
+    resources, job = find(_is_gpu_job, "a Volcano Job requesting GPUs")
+    container = next(_gpu_containers(job))
+    container["env"] = [*(container.get("env") or []), {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert job.urn in flagged("gpu-env-closed", swap(resources, job))
+
+
+def test_node_class_without_the_toolkit_switch_is_caught() -> None:
+    resources, node_class = find(lambda r: kind_of(r) == "EC2NodeClass", "an EC2NodeClass")
+    spec = node_class.inputs["spec"]
+    spec["userData"] = spec["userData"].replace("accept-nvidia-visible-devices-envvar-when-unprivileged=false", "")
+    assert node_class.urn in flagged("gpu-env-closed", swap(resources, node_class))
+
+
 def test_every_rule_has_a_breaking_test() -> None:
     covered = {"mig-layout-fits", "gpu-pools-tainted", "gpu-workloads", "buckets-secure", "imdsv2-required",
                "no-wildcard-iam", "tenant-objects-scoped", "charts-pinned", "images-pinned", "stateful-protected",
-               "tenants-isolated"}
+               "tenants-isolated", "gpu-sharing-renamed", "shared-gpu-pools-marked", "whole-gpus-unshared",
+               "gpu-env-closed"}
     assert covered == set(RULE_NAMES)

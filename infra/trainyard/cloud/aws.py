@@ -34,6 +34,7 @@ from trainyard.cloud.network import Network, NetworkArgs
 from trainyard.cloud.node_groups import ManagedNodeGroup, ManagedNodeGroupArgs
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.mig import gpu_sharing, load_mig_catalog
 from trainyard.config.model import NodePool, Settings, Taint
 from trainyard.config.releases import KUBERNETES_RELEASES
 
@@ -46,15 +47,28 @@ GPU_HEALTH_TAINT = Taint.model_validate({"key": names.GPU_HEALTH_TAINT_KEY, "val
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 
+def _sharing(pool: NodePool) -> str | None:
+    gpu = INSTANCE_TYPES[pool.instance_types[0]].gpu if pool.instance_types[0] in INSTANCE_TYPES else None
+    return gpu_sharing(pool.mig_layout, pool.gpu_sharing, gpu, load_mig_catalog())
+
+
 def pool_labels(pool: NodePool) -> dict[str, str]:
     labels = {**pool.labels, names.ROLE_LABEL: pool.role, names.POOL_LABEL: pool.name}
     if pool.mig_layout is not None:
         labels[MIG_CONFIG_LABEL] = pool.mig_layout
+    if sharing := _sharing(pool):
+        labels[names.GPU_SHARING_KEY] = sharing
+    if pool.gpu_sharing == "time-sliced":
+        # The device plugin's config of that name (platform/gpu-operator/values.yaml): replicas as *.shared.
+        labels[names.DEVICE_PLUGIN_CONFIG_LABEL] = names.TIME_SLICED_CONFIG
     return labels
 
 
 def pool_taints(pool: NodePool) -> tuple[Taint, ...]:
     implied = {"storage": (STORAGE_TAINT,), "gpu": (GPU_TAINT,), "system": ()}[pool.role]
+    if pool.role == "gpu" and (sharing := _sharing(pool)):
+        # Pods must tolerate sharing to land here: a whole-GPU pod (or Karpenter launching for one) never does.
+        implied += (Taint.model_validate({"key": names.GPU_SHARING_KEY, "value": sharing, "effect": "NoSchedule"}),)
     configured = tuple(pool.taints)
     return configured + tuple(t for t in implied if all(c.key != t.key for c in configured))
 
@@ -137,7 +151,8 @@ def build_aws(settings: Settings) -> ControlPlane:
         facts = PoolFacts(
             name=pool.name, role=pool.role, node_labels=pool_labels(pool), taints=pool_taints(pool),
             zones=tuple(pool.zones or zones), gpu=types[0].gpu, gpus_per_node=min(t.gpu_count for t in types),
-            mig_layout=pool.mig_layout, efa_interfaces=min(t.efa_interfaces for t in types) if pool.efa else 0,
+            mig_layout=pool.mig_layout, gpu_sharing=pool.gpu_sharing,
+            efa_interfaces=min(t.efa_interfaces for t in types) if pool.efa else 0,
             nvme_devices=min(t.nvme_devices for t in types), root_volume_gib=pool.root_volume_gib)
         if pool.role == "gpu":
             placement = karpenter.placement_groups.get(pool.name)

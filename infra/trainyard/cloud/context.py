@@ -26,6 +26,8 @@ class PoolFacts:
     gpu: GpuModel | None = None
     gpus_per_node: int = 0
     mig_layout: str | None = None
+    # nodePools[].gpuSharing: "time-sliced" pools advertise nvidia.com/gpu.shared replicas.
+    gpu_sharing: str | None = None
     efa_interfaces: int = 0
     nvme_devices: int = 0
     # GPU pools are launched by Karpenter from these; managed node groups need none of them here.

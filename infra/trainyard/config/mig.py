@@ -157,6 +157,14 @@ class MigCatalog:
         return MappingProxyType({mig_resource_name(profile): count for profile, count in geometry.items()})
 
 
+def gpu_sharing(layout: str | None, declared: str | None, gpu_model: str | None, catalog: MigCatalog) -> str | None:
+    """How a pool's GPUs serve several pods: `mig` when its layout partitions them, its declared sharing, or None."""
+    if layout is not None and gpu_model is not None and catalog.supports(layout, gpu_model) \
+            and catalog.slices(layout, gpu_model):
+        return "mig"
+    return declared
+
+
 def load_mig_catalog(path: Path = DEFAULT_LAYOUTS_PATH) -> MigCatalog:
     """Read and validate a mig-parted layouts file; raises MigConfigError naming the file and the key."""
     return _load(Path(path).resolve())

@@ -244,6 +244,9 @@ class NodePool(Model):
     placement_group: bool = False
     zones: list[str] | None = Field(default=None, max_length=6)
     root_volume_gib: Annotated[int, Field(ge=20, le=16384)] = 100
+    # Several pods per GPU, said explicitly: the device plugin's time-sliced config (addons.gpuOperator.timeSlicing)
+    # on this pool's nodes, which advertise nvidia.com/gpu.shared instead of nvidia.com/gpu.
+    gpu_sharing: Literal["time-sliced"] | None = None
     # Needs `reserved` in capacityTypes; Karpenter 1.14 takes at most 30 selector terms (EC2NodeClass CRD maxItems).
     capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
 

@@ -239,6 +239,10 @@ def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
         yield Problem(f"{at}.placementGroup", "a cluster placement group lives in one zone: set exactly one entry "
                                               "in zones")
     yield from _capacity_reservations(at, pool, zones)
+    if pool.gpu_sharing is not None and pool.role != "gpu":
+        yield Problem(f"{at}.gpuSharing", "only 'gpu' pools share GPUs")
+    if pool.gpu_sharing is not None and pool.mig_layout is not None:
+        yield Problem(f"{at}.gpuSharing", "a pool shares its GPUs either by migLayout or by time-slicing, not both")
 
 
 # EC2 User Guide, capacity-blocks-purchase.html: "Each Capacity Block can have up to 64 instances".
@@ -316,6 +320,14 @@ def _addons(s: Settings) -> Iterator[Problem]:
         if a.gpu_health.repair:
             yield Problem("addons.gpuHealth.repair", "must be false for target 'local': node repair needs EKS "
                                                      "(node monitoring agent) and Karpenter")
+    sliced = [i for i, p in enumerate(s.node_pools) if p.gpu_sharing == "time-sliced"]
+    for i in sliced:
+        if not (a.gpu_operator.enabled and a.gpu_operator.time_slicing.enabled):
+            yield Problem(f"nodePools[{i}].gpuSharing", "time-sliced needs addons.gpuOperator.timeSlicing.enabled: "
+                                                        "the device plugin config its nodes select")
+    if a.gpu_operator.time_slicing.enabled and not sliced:
+        yield Problem("addons.gpuOperator.timeSlicing.enabled", "no pool has gpuSharing: time-sliced, so nothing "
+                                                                "would use the time-sliced device plugin config")
     if s.target == "aws" and a.gpu_health.enabled and not a.gpu_operator.enabled:
         yield Problem("addons.gpuHealth.enabled", "the admission check waits for GPU Operator validation: needs "
                                                   "addons.gpuOperator.enabled")
@@ -562,3 +574,6 @@ def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator
     if partitioned:
         yield Problem(f"{at}.nodePool", f"pool {pool.name!r} partitions its GPUs with MIG layout "
                                         f"{pool.mig_layout!r}; whole-GPU jobs need a pool without MIG")
+    if pool.gpu_sharing is not None:
+        yield Problem(f"{at}.nodePool", f"pool {pool.name!r} time-slices its GPUs (gpuSharing); a training job "
+                                        "takes whole GPUs no other pod shares: use a pool without gpuSharing")

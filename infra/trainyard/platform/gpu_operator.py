@@ -13,6 +13,7 @@ import yaml
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.config.model import GpuOperatorSettings, Settings, TimeSlicing
+from trainyard.names import TIME_SLICED_CONFIG
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
@@ -20,7 +21,6 @@ from trainyard.platform.scheduling import startup_tolerations, tolerations_for
 
 MIG_CONFIG_KEY = "config.yaml"
 DCGM_METRICS_KEY = "dcgm-metrics.csv"
-TIME_SLICED_CONFIG = "time-sliced"
 DATA_DIR = PLATFORM_DIR / "gpu-operator"
 
 
@@ -52,6 +52,17 @@ def device_plugin_configs(base: dict[str, Any], time_slicing: TimeSlicing) -> di
     return configs
 
 
+# With time-sliced pools: one exporter series per pod holding a GPU, also when pods share its replicas, so the
+# GPUSharedByPods alert can count them; the default attribution keeps one pod per device id (dcgm-exporter
+# internal/pkg/transformation/kubernetes.go toDeviceToPod vs toDeviceToSharingPods @4.5.3-4.8.2). The renamed
+# resource must be named to be attributed at all (iterateGPUDevices keeps nvidia.com/gpu and MIG only), and host
+# PIDs let it split a shared GPU's utilisation and memory per pod (process_metrics.go).
+SHARED_GPU_EXPORTER = {"hostPID": True, "env": [
+    {"name": "KUBERNETES_VIRTUAL_GPUS", "value": "true"},
+    {"name": "NVIDIA_RESOURCE_NAMES", "value": "nvidia.com/gpu.shared"},
+]}
+
+
 def gpu_operator_values(args: GpuOperatorArgs) -> tuple[dict[str, Any], dict[str, Any]]:
     """(base values without the inline device plugin data, computed values)."""
     base = copy.deepcopy(dict(args.chart.base_values))
@@ -62,6 +73,8 @@ def gpu_operator_values(args: GpuOperatorArgs) -> tuple[dict[str, Any], dict[str
         "daemonsets": {"tolerations": tolerations_for(args.gpu_pools) + startup_tolerations(args.gpu_pools)},
         "devicePlugin": {"config": {"create": False}},
     }
+    if any(pool.gpu_sharing == "time-sliced" for pool in args.gpu_pools):
+        computed["dcgmExporter"] = copy.deepcopy(SHARED_GPU_EXPORTER)
     return base, computed
 
 

@@ -35,6 +35,8 @@ NODE_POOL_API = "karpenter.sh/v1"
 NODE_OVERLAY_API = "karpenter.sh/v1alpha1"
 ROOT_DEVICE = "/dev/xvda"
 # Cilium removes this taint once its agent runs on the node; until then no pod may start there.
+# The device plugin's name for time-sliced replicas (renameByDefault: platform/gpu-operator/values.yaml).
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 CILIUM_STARTUP_TAINT = {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}
 # Empty nodes go after a short wait (GPU hours are expensive); non-empty ones are never consolidated.
 CONSOLIDATE_AFTER = "10m"
@@ -106,10 +108,13 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
     }
 
 
-def mig_capacity(pool: PoolFacts, instance_type: str, mig: MigCatalog) -> dict[str, str]:
-    """The MIG resources a node of this pool and type offers once mig-manager applied its layout (`mixed`
-    strategy: one extended resource per profile), or nothing when the pool has no MIG layout."""
+def overlay_capacity(pool: PoolFacts, instance_type: str, mig: MigCatalog, replicas: int = 0) -> dict[str, str]:
+    """The device-plugin resources a node of this pool and type offers that its instance type does not say: MIG
+    slices once mig-manager applied the layout (`mixed` strategy: one extended resource per profile), or a
+    time-sliced pool's `replicas` per GPU as nvidia.com/gpu.shared; nothing otherwise."""
     gpus = INSTANCE_TYPES[instance_type].gpu_count
+    if pool.gpu_sharing == "time-sliced" and replicas:
+        return {SHARED_GPU_RESOURCE: str(gpus * replicas)}
     if pool.mig_layout is None or pool.gpu is None or not mig.slices(pool.mig_layout, pool.gpu):
         return {}
     return {resource: str(per_gpu * gpus)
@@ -142,6 +147,8 @@ class KarpenterArgs:
     after: tuple[pulumi.Resource, ...] = ()
     # Replace nodes whose node-monitoring-agent conditions stay bad (settings.featureGates.nodeRepair).
     node_repair: bool = False
+    # Replicas per GPU on time-sliced pools (addons.gpuOperator.timeSlicing.replicas).
+    time_slicing_replicas: int = 0
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -183,7 +190,7 @@ class Karpenter(pulumi.ComponentResource):
                 metadata={"name": pool.name, "labels": _labels(pool)}, spec=node_pool_spec(pool, pool.name),
                 opts=k8s_options(cluster, self, [self.release, node_class], controller_deletes=True))
             for instance_type in pool.instance_types:
-                capacity = mig_capacity(pool, instance_type, mig)
+                capacity = overlay_capacity(pool, instance_type, mig, args.time_slicing_replicas)
                 if capacity:
                     # Capacity, like the NodePool: deleted by the API while Karpenter runs, not with the cluster.
                     self.node_overlays.append(custom_resource(
@@ -199,7 +206,8 @@ def _labels(pool: PoolFacts) -> dict[str, str]:
 def build(ctx: AddonContext) -> Karpenter:
     return Karpenter(ctx.addon.resource_name, KarpenterArgs(
         cluster=ctx.cluster, chart=ctx.chart("karpenter"), after=ctx.monitored,
-        node_repair=ctx.stack.addons.gpu_health.repair))
+        node_repair=ctx.stack.addons.gpu_health.repair,
+        time_slicing_replicas=ctx.stack.addons.gpu_operator.time_slicing.replicas))
 
 
 def _on_aws(stack: Settings) -> bool:
