@@ -177,3 +177,12 @@ def test_network_layers_come_from_the_ec2_topology_list() -> None:
     # EC2 User Guide, ec2-instance-topology-prerequisites.html: 3 network nodes for these, none listed for g5/g6.
     assert {n for n, t in INSTANCE_TYPES.items() if t.network_layers == 3} == {
         "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "g6e.xlarge", "g6e.12xlarge"}
+
+
+def test_a_spot_job_whose_grace_outlasts_the_notice_is_refused(prod: Raw) -> None:
+    raw = copy.deepcopy(prod)
+    j = _multi_node_job(raw, _gpu_pool(raw, spot=True))
+    raw["workloads"][j]["checkpointGraceSeconds"] = 100
+    parse_settings(PROJECT, "prod", raw)  # 100 s + Karpenter's 20 s fit the two minutes
+    raw["workloads"][j]["checkpointGraceSeconds"] = 101
+    assert "interruption notice leaves 100s" in _problems(raw).get(f"workloads[{j}].checkpointGraceSeconds", "")

@@ -178,6 +178,8 @@ class Checkpointer:
         """Read by the metrics thread; written here or on the commit thread (one float, atomic)."""
         self.last_blocking_seconds = 0.0
         """How long the last save() held up the caller (the training loop)."""
+        self.last_commit_seconds = 0.0
+        """From the start of the last committed save to its commit: what a stop's final checkpoint needs."""
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Collective. Sync mode commits before returning; async mode returns after staging to memory."""
@@ -226,6 +228,7 @@ class Checkpointer:
             for victim in plan_retention(list_step_dirs(self.root), complete_checkpoints(self.root), self.keep_last):
                 shutil.rmtree(victim.path, ignore_errors=True)
             log.info(kv("checkpoint_committed", step=step, path=path, seconds=time.monotonic() - started))
+        self.last_commit_seconds = time.monotonic() - started
         self.last_commit_time = time.time()
 
     def _verified(self, ref: CheckpointRef) -> bool:

@@ -294,6 +294,8 @@ class Trainer:
             world_size=env.world_size,
             restart_count=env.restart_count,
             last_checkpoint_time=lambda: self.checkpointer.last_commit_time,
+            last_checkpoint_seconds=lambda: self.checkpointer.last_commit_seconds,
+            grace_period_s=cfg.shutdown.grace_period_s,
         )
         port = resolve_port(cfg.metrics.port)
         if env.is_main and port:

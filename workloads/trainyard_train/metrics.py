@@ -49,11 +49,25 @@ class TrainMetrics:
             "trainyard_train_restarts", "Worker-group restarts by the torchrun elastic agent", registry=r
         )
         self.world_size = Gauge("trainyard_train_world_size", "Workers in the current rendezvous", registry=r)
+        # The spot path's check (README, "Spot interruptions"): a stop's checkpoint must commit within the grace.
+        self.checkpoint_seconds = Gauge(
+            "trainyard_train_checkpoint_seconds",
+            "Seconds from the start of the last committed checkpoint's save to its commit",
+            registry=r,
+        )
+        self.shutdown_grace_seconds = Gauge(
+            "trainyard_train_shutdown_grace_seconds",
+            "Seconds the trainer has after SIGTERM to commit its final checkpoint (shutdown.grace_period_s)",
+            registry=r,
+        )
 
-    def start(self, *, world_size: int, restart_count: int, last_checkpoint_time: Callable[[], float]) -> None:
+    def start(self, *, world_size: int, restart_count: int, last_checkpoint_time: Callable[[], float],
+              last_checkpoint_seconds: Callable[[], float], grace_period_s: float) -> None:
         self.world_size.set(world_size)
         self.restarts.inc(restart_count)
         self.seconds_since_checkpoint.set_function(lambda: time.time() - last_checkpoint_time())
+        self.checkpoint_seconds.set_function(last_checkpoint_seconds)
+        self.shutdown_grace_seconds.set(grace_period_s)
 
     def record_step(self, step: int, loss: float, samples_per_second: float) -> None:
         self.step.set(step)

@@ -544,11 +544,32 @@ def _hard_topology_on_pool(at: str, job: Job, pool: NodePool) -> Iterator[Proble
                                                     "one instance type in a placement group (use soft)")
 
 
+# The spot path, timed (README, "Spot interruptions"): EC2 terminates a spot instance two minutes after its
+# interruption warning (EC2 User Guide, spot-instance-termination-notices.html). The warning reaches the trainer as
+# EventBridge -> SQS -> Karpenter (long poll, returns on arrival: pkg/providers/sqs/sqs.go @v1.14.1) -> NodeClaim
+# deletion -> drain -> eviction -> the kubelet's SIGTERM -> torchrun -> the trainer; this budget is what that chain
+# may take (Karpenter measures its part: karpenter_interruption_message_queue_duration_seconds, alerted on in
+# platform/monitoring/rules/training.rules.yaml). What is left is the trainer's checkpoint grace.
+SPOT_NOTICE_SECONDS = 120
+INTERRUPTION_REACTION_SECONDS = 20
+
+
+def _spot_grace(at: str, job: Job, pool: NodePool) -> Iterator[Problem]:
+    budget = SPOT_NOTICE_SECONDS - INTERRUPTION_REACTION_SECONDS
+    if "spot" in pool.capacity_types and job.checkpoint_grace_seconds > budget:
+        yield Problem(f"{at}.checkpointGraceSeconds", f"{job.checkpoint_grace_seconds}s on spot pool {pool.name!r}: "
+                                                      f"the {SPOT_NOTICE_SECONDS}s interruption notice leaves "
+                                                      f"{budget}s once Karpenter has drained the pod "
+                                                      f"({INTERRUPTION_REACTION_SECONDS}s allowed); a checkpoint "
+                                                      "still running when the instance goes is lost")
+
+
 def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator[Problem]:
     if pool.role != "gpu":
         yield Problem(f"{at}.nodePool", f"{pool.name!r} is a {pool.role!r} pool; training runs on 'gpu' pools")
         return
     yield from _hard_topology_on_pool(at, job, pool)
+    yield from _spot_grace(at, job, pool)
     if job.max_nodes > pool.max_size:
         yield Problem(f"{at}.maxNodes", f"{job.max_nodes} exceeds pool {pool.name!r} maxSize {pool.max_size}")
     types = _pool_types(pool)

@@ -7,10 +7,11 @@ Teardown: node classes and pools are *not* deleted with the cluster (`controller
 release, so `pulumi destroy` deletes them first, while the controller still runs and can terminate the EC2
 instances behind them; only then is the release removed (that one is `deleted_with` the cluster).
 
-Training pods on these pools should carry the pod annotation `karpenter.sh/do-not-disrupt: "true"`: it blocks
-drift and voluntary disruption of their node. Pools on EFA instances get EFA interfaces only for pods that
-request `vpc.amazonaws.com/efa` (Karpenter then adds one EFA interface per network card), so EFA jobs request
-`PoolFacts.efa_interfaces` of it.
+GPU pools disrupt no node voluntarily while it runs pods (consolidation only when empty, no budget for drift or
+underutilization, no expiry), so training pods carry no `karpenter.sh/do-not-disrupt`: Karpenter's drain on an
+interruption skips pods that do, and they must get SIGTERM to checkpoint (workloads/pod.py). Pools on EFA
+instances get EFA interfaces only for pods that request `vpc.amazonaws.com/efa` (Karpenter then adds one EFA
+interface per network card), so EFA jobs request `PoolFacts.efa_interfaces` of it.
 """
 
 from __future__ import annotations

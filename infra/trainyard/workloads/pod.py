@@ -18,8 +18,11 @@ TENANT_LABEL = "trainyard.io/tenant"
 ZONE_KEY = "topology.kubernetes.io/zone"
 # After the trainer's own grace: torchrun tears down its workers and the kubelet stops the container.
 GRACE_MARGIN_SECONDS = 30
-# Karpenter never consolidates or drifts a node away from under a running job (spot reclaims still happen).
-DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
+# No karpenter.sh/do-not-disrupt: Karpenter's drain on a spot interruption, AWS maintenance or a Capacity Block's
+# end evicts only pods without it (pkg/utils/pod/scheduling.go IsEvictable, kubernetes-sigs/karpenter v1.14.1), so
+# with it the trainer got no SIGTERM before the instance went and lost everything since its last checkpoint. GPU
+# NodePools never disrupt a non-empty node voluntarily anyway (platform/karpenter.py: WhenEmpty, no drift or
+# underutilization budget, expireAfter Never).
 # NCCL/libfabric environment of pods that request EFA, checked against aws-ofi-nccl's doc/efa-env-var.md for the
 # plugin the image carries (workloads/Dockerfile: aws-ofi-nccl 1.21.1, libfabric 2.6.0amzn1.0).
 # - NCCL_NET: use this network or fail (NCCL env docs, NCCL_NET). Without it a plugin that cannot start (no EFA
@@ -100,7 +103,7 @@ def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
             "labelSelector": {"matchLabels": {JOB_LABEL: job.name}},
             "topologyKey": ZONE_KEY,
         }]}}
-    return {"metadata": {"labels": job_labels(args), "annotations": dict(DO_NOT_DISRUPT)}, "spec": spec}
+    return {"metadata": {"labels": job_labels(args)}, "spec": spec}
 
 
 def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
