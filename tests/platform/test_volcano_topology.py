@@ -1,0 +1,84 @@
+"""Volcano's network-topology-aware scheduling: the plugin is on and HyperNodes come from the EKS topology labels.
+
+The label discoverer (volcano pkg/controllers/hypernode/discovery/label/label.go @v1.15.1) reads
+`networkTopologyTypes.<type>` top tier first, drops the last entry (kubernetes.io/hostname) and makes the label just
+above it tier 1. `_discover` below follows its generateHyperNodeInfo to show which HyperNodes EKS nodes end up in.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import yaml
+from trainyard.paths import PLATFORM_DIR
+
+VALUES = PLATFORM_DIR / "volcano" / "values.yaml"
+# What the AWS cloud controller sets from DescribeInstanceTopology (cloud-provider-aws instances_v2.go), top first.
+EKS_LAYERS = [f"topology.k8s.aws/network-node-layer-{i}" for i in (1, 2, 3)]
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def _custom() -> dict[str, Any]:
+    custom: dict[str, Any] = yaml.safe_load(VALUES.read_text())["custom"]
+    return custom
+
+
+def _discovery() -> dict[str, Any]:
+    override = _custom()["controller_config_override"]
+    # templates/controllers.yaml renders it with toYaml: a string would become a YAML scalar, not this mapping.
+    assert isinstance(override, dict)
+    (label,) = [d for d in override["networkTopologyDiscovery"] if d["source"] == "label"]
+    assert label["enabled"] is True
+    discovery: dict[str, Any] = label["config"]["networkTopologyTypes"]
+    return discovery
+
+
+def test_the_scheduler_runs_the_network_topology_plugin() -> None:
+    conf = yaml.safe_load(_custom()["scheduler_config_override"])
+    plugins = {p["name"]: p for tier in conf["tiers"] for p in tier["plugins"]}
+    assert "network-topology-aware" in plugins
+    arguments = plugins["network-topology-aware"]["arguments"]
+    assert arguments["hypernode.binpack.resources"] == "nvidia.com/gpu"
+    assert arguments["weight"] > 0
+
+
+def test_label_discovery_reads_the_eks_layers_top_first_hostname_last() -> None:
+    for name, labels in _discovery().items():
+        assert len(name) <= 20  # longer type names are skipped by parseCfg
+        keys = [entry["nodeLabel"] for entry in labels]
+        assert keys == [*EKS_LAYERS, HOSTNAME]
+
+
+def _discover(nodes: dict[str, dict[str, str]]) -> dict[tuple[str, str], tuple[int, set[str]]]:
+    """(label key, value) -> (tier, members): generateHyperNodeInfo's walk over every configured type."""
+    found: dict[tuple[str, str], tuple[int, set[str]]] = {}
+    members: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for labels in _discovery().values():
+        bottom_up = [entry["nodeLabel"] for entry in labels][-2::-1]  # hostname dropped, tier 1 first
+        for node, node_labels in nodes.items():
+            member = node
+            for tier, key in enumerate(bottom_up, start=1):
+                if key not in node_labels:
+                    break  # the walk stops at the first missing label
+                hyper = (key, node_labels[key])
+                members[hyper].add(member)
+                found[hyper] = (tier, members[hyper])
+                member = f"{key}={node_labels[key]}"
+    return found
+
+
+def test_eks_nodes_form_a_three_tier_tree_and_unlabelled_nodes_stay_out() -> None:
+    def p5(l1: str, l2: str, l3: str) -> dict[str, str]:
+        return dict(zip(EKS_LAYERS, (l1, l2, l3), strict=True)) | {HOSTNAME: "x"}
+
+    nodes = {"a": p5("nn-1", "nn-2a", "nn-3a"), "b": p5("nn-1", "nn-2a", "nn-3a"), "c": p5("nn-1", "nn-2b", "nn-3c"),
+             "g5": {HOSTNAME: "g5"}}
+    tree = _discover(nodes)
+    layer = dict(enumerate(EKS_LAYERS, start=1))
+    assert tree[(layer[3], "nn-3a")] == (1, {"a", "b"})
+    assert tree[(layer[3], "nn-3c")] == (1, {"c"})
+    assert tree[(layer[2], "nn-2a")] == (2, {f"{layer[3]}=nn-3a"})
+    assert tree[(layer[1], "nn-1")] == (3, {f"{layer[2]}=nn-2a", f"{layer[2]}=nn-2b"})
+    # No topology labels (g5, system and storage nodes): in no HyperNode, only in Volcano's virtual cluster top.
+    assert not any("g5" in m for _, m in tree.values())
