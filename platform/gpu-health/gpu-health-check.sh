@@ -3,9 +3,18 @@
 # (infra/trainyard/platform/gpu_health.py renders it). One script, three steps, one per container:
 #
 #   wait   (kubectl image, init)  GPU Operator validation files and, on a MIG pool, mig-manager's state label
-#   probe  (DCGM image, init)     dcgmi diag at DIAG_LEVEL, GPU count and memory (nvidia-smi), EFA devices
+#   probe  (DCGM image, init)     the pool's DCGM check (whole GPUs: dcgmi diag at DIAG_LEVEL; MIG pools: DCGM
+#                                 health watches and the MIG devices against the layout), GPU count and memory
+#                                 (nvidia-smi), EFA devices
 #   admit  (kubectl image)        compare with the pool's expectations; on pass remove the startup taint, on
 #                                 fail add the failure taint; label the node and record an Event either way
+#
+# and a fourth, run by the gpu-health-reaper CronJob (kubectl image), that bounds the life of nodes admission
+# failed or never decided (Karpenter never disrupts a node that is not initialized):
+#
+#   reap                          mark a node with no verdict after STUCK_SECONDS failed; delete the NodeClaim of
+#                                 a node failed for FAILED_HOLD_SECONDS, and of every failed node of a pool
+#                                 beyond its newest MAX_FAILED_PER_POOL
 #
 # The steps hand results over as KEY=value files in STATE_DIR (an emptyDir). wait and probe never fail the pod:
 # they record what they saw, so that admit can name the reason on the node.
@@ -20,12 +29,21 @@ POLL_SECONDS=${POLL_SECONDS:-10}
 DIAG_LEVEL=${DIAG_LEVEL:-1}
 MIN_MEMORY_PERCENT=${MIN_MEMORY_PERCENT:-90}
 HOSTENGINE_PORT=${HOSTENGINE_PORT:-5555}
+# DCGM's memory, PCIe, thermal, power and NVLink watches need 60 s of samples before the first check
+# (NVIDIA/DCGM v4.6.0 dcgmi/CommandLineParser.cpp, `dcgmi health --set` help).
+HEALTH_WATCH_SECONDS=${HEALTH_WATCH_SECONDS:-90}
 NAMESPACE=${NAMESPACE:-gpu-health}
+STUCK_SECONDS=${STUCK_SECONDS:-7200}
+FAILED_HOLD_SECONDS=${FAILED_HOLD_SECONDS:-14400}
+MAX_FAILED_PER_POOL=${MAX_FAILED_PER_POOL:-1}
 
 STARTUP_TAINT=trainyard.io/gpu-health
 FAILED_TAINT=trainyard.io/gpu-health-failed
 RESULT_LABEL=trainyard.io/gpu-health
 REASON_LABEL=trainyard.io/gpu-health-reason
+FAILED_AT_ANNOTATION=trainyard.io/gpu-health-failed-at
+ROLE_LABEL=trainyard.io/role
+POOL_LABEL=trainyard.io/pool
 # Written by the GPU Operator's validator once the CUDA workload and the device plugin ran on the node
 # (NVIDIA/gpu-operator validator: /run/nvidia/validations/<component>-ready).
 VALIDATIONS=(cuda-ready plugin-ready)
@@ -36,10 +54,12 @@ node_label() {
   kubectl get node "$NODE_NAME" -o "go-template={{with index .metadata.labels \"$1\"}}{{.}}{{end}}"
 }
 
-# Expectations row for this node: gpus memory_mib efa mig_layout ("-" = none). Empty when unknown.
+# Expectations row for this node: gpus memory_mib efa mig_layout mig_devices check ("-" = none). Empty when
+# unknown.
 expectation() {
   local pool=$1 type=$2
-  awk -v pool="$pool" -v type="$type" '!/^#/ && $1 == pool && $2 == type {print $3, $4, $5, $6; exit}' "$EXPECTED"
+  awk -v pool="$pool" -v type="$type" '!/^#/ && $1 == pool && $2 == type {print $3, $4, $5, $6, $7, $8; exit}' \
+    "$EXPECTED"
 }
 
 missing_validations() {
@@ -51,14 +71,15 @@ missing_validations() {
 }
 
 step_wait() {
-  local deadline=$((SECONDS + WAIT_SECONDS)) missing layout state=none efa_requested
+  local deadline=$((SECONDS + WAIT_SECONDS)) missing row layout check state=none efa_requested
   missing=$(missing_validations)
   while [[ -n "$missing" && $SECONDS -lt $deadline ]]; do
     sleep "$POLL_SECONDS"
     missing=$(missing_validations)
   done
-  layout=$(expectation "$(node_label trainyard.io/pool)" "$(node_label node.kubernetes.io/instance-type)" \
-           | awk '{print $4}')
+  row=$(expectation "$(node_label "$POOL_LABEL")" "$(node_label node.kubernetes.io/instance-type)")
+  layout=$(awk '{print $4}' <<< "$row")
+  check=$(awk '{print $6}' <<< "$row")
   if [[ -n "$layout" && "$layout" != "-" ]]; then
     # mig-manager sets pending, rebooting, then success or failed (NVIDIA/mig-parted reconfigure script).
     state=$(node_label nvidia.com/mig.config.state)
@@ -74,20 +95,49 @@ step_wait() {
   efa_requested=$(kubectl get nodeclaims.karpenter.sh -o json | jq -r --arg node "$NODE_NAME" \
     '[.items[] | select(.status.nodeName == $node) | .spec.resources.requests["vpc.amazonaws.com/efa"] // empty]
      | first // empty' || true)
-  { echo "validations=${missing:+missing}"; echo "mig_state=$state"; echo "efa_requested=${efa_requested:-0}"; } \
-    > "$STATE_DIR/wait.env"
-  log "validations ${missing:-ready}, MIG state $state, EFA requested ${efa_requested:-0}"
+  { echo "validations=${missing:+missing}"; echo "mig_state=$state"; echo "efa_requested=${efa_requested:-0}"
+    echo "check=${check:-dcgm-diag}"; } > "$STATE_DIR/wait.env"
+  log "validations ${missing:-ready}, MIG state $state, EFA requested ${efa_requested:-0}, check ${check:-dcgm-diag}"
+}
+
+# DCGM's health watches over the whole node: "Healthy", "Warning", "Failure", or "error" when no report came.
+# `dcgmi health --check` exits 0 whatever the health (dcgmi/Health.cpp CheckWatches), so the JSON report's
+# "Overall Health" value decides (DcgmiOutputJson: body -> "Overall Health" -> value).
+dcgm_health() {
+  local host=127.0.0.1:$HOSTENGINE_PORT
+  if ! dcgmi health --host "$host" --set a > "$STATE_DIR/health.log" 2>&1; then
+    echo error; return
+  fi
+  sleep "$HEALTH_WATCH_SECONDS"
+  if ! dcgmi health --host "$host" --check -j > "$STATE_DIR/health.json" 2>> "$STATE_DIR/health.log"; then
+    echo error; return
+  fi
+  tr -d '\n' < "$STATE_DIR/health.json" | grep -o '"Overall Health"[^}]*' | grep -o '"value" *: *"[^"]*"' \
+    | sed 's/.*"\([^"]*\)"$/\1/' | grep . || echo error
+}
+
+# The node's MIG devices as profile=count,... in byte order, as the component renders the layout's
+# (`nvidia-smi -L` lists each as "MIG <profile> Device <n>: (UUID: ...)" under its GPU).
+mig_devices() {
+  nvidia-smi -L 2> /dev/null | awk '$1 == "MIG" {n[$2]++} END {for (p in n) print p "=" n[p]}' \
+    | LC_ALL=C sort | paste -sd, -
 }
 
 step_probe() {
-  local diag=skipped gpus=0 memory=0 efa=0 engine
+  local diag=skipped health=skipped mig=- gpus=0 memory=0 efa=0 engine
   # shellcheck source=/dev/null
   source "$STATE_DIR/wait.env"
   if [[ -z "${validations:-}" ]]; then
     # Our own host engine, inside this pod's network namespace: no other DCGM user on the node is touched.
     nv-hostengine -n -b 127.0.0.1 -p "$HOSTENGINE_PORT" & engine=$!
     sleep 2
-    if dcgmi diag --host "127.0.0.1:$HOSTENGINE_PORT" -r "$DIAG_LEVEL" > "$STATE_DIR/diag.log" 2>&1; then
+    if [[ "${check:-dcgm-diag}" == dcgm-health ]]; then
+      # dcgmi diag refuses MIG-partitioned GPUs (NVIDIA/DCGM v4.6.0 nvvs/src/Gpu.cpp IsMigModeDiagCompatible,
+      # nvvs/src/NvidiaValidationSuite.cpp BuildCommonGpusList); health watches cover GPU instances too
+      # (modules/health/DcgmHealthWatch.cpp: DCGM_FE_GPU, DCGM_FE_GPU_I, DCGM_FE_GPU_CI).
+      health=$(dcgm_health)
+      mig=$(mig_devices)
+    elif dcgmi diag --host "127.0.0.1:$HOSTENGINE_PORT" -r "$DIAG_LEVEL" > "$STATE_DIR/diag.log" 2>&1; then
       diag=pass
     else
       diag=fail
@@ -103,8 +153,15 @@ step_probe() {
   if [[ -d "$EFA_SYSFS" ]]; then
     efa=$(find "$EFA_SYSFS" -mindepth 1 -maxdepth 1 | wc -l)
   fi
-  { echo "diag=$diag"; echo "gpus=$gpus"; echo "memory_mib=$memory"; echo "efa=$efa"; } > "$STATE_DIR/probe.env"
-  log "diag level $DIAG_LEVEL $diag, $gpus GPUs, smallest ${memory} MiB, $efa EFA devices"
+  { echo "diag=$diag"; echo "health=$health"; echo "mig_devices=${mig:--}"; echo "gpus=$gpus"
+    echo "memory_mib=$memory"; echo "efa=$efa"; } > "$STATE_DIR/probe.env"
+  log "diag level $DIAG_LEVEL $diag, health $health, MIG devices ${mig:--}, $gpus GPUs, smallest ${memory} MiB," \
+      "$efa EFA devices"
+}
+
+# Total of a profile=count,... list ("-" or empty: 0).
+mig_total() {
+  tr ',' '\n' <<< "${1#-}" | awk -F= '{n += $2} END {print n + 0}'
 }
 
 # Prints the failure reason (a valid label value), or nothing when the node passes.
@@ -114,14 +171,24 @@ decide() {
   if [[ -z "$row" ]]; then
     echo "no-expectation"; return
   fi
-  read -r want_gpus want_mib want_efa layout <<< "$row"
+  read -r want_gpus want_mib want_efa layout want_mig check <<< "$row"
   if [[ "${validations:-}" == missing ]]; then
     echo "gpu-operator-validation-timeout"; return
   fi
   if [[ "$layout" != "-" && "${mig_state:-unset}" != success ]]; then
     echo "mig-config-${mig_state:-unset}"; return
   fi
-  if [[ "${diag:-skipped}" != pass ]]; then
+  if [[ "$check" == dcgm-health ]]; then
+    if [[ "${health:-skipped}" != Healthy ]]; then
+      echo "dcgm-health-$(tr '[:upper:]' '[:lower:]' <<< "${health:-skipped}")"; return
+    fi
+    if [[ "${mig_devices:--}" != "$want_mig" ]]; then
+      local found wanted
+      found=$(mig_total "${mig_devices:--}") wanted=$(mig_total "$want_mig")
+      if (( found != wanted )); then echo "mig-devices-$found-of-$wanted"; else echo "mig-profiles-mismatch"; fi
+      return
+    fi
+  elif [[ "${diag:-skipped}" != pass ]]; then
     echo "dcgm-diag-level-${DIAG_LEVEL}-${diag:-skipped}"; return
   fi
   if (( ${gpus:-0} != want_gpus )); then
@@ -161,28 +228,88 @@ step_admit() {
   reason=$(decide "$pool" "$type")
   [[ "$reason" != no-expectation ]] || log "no row for pool '$pool' and instance type '$type' in $EXPECTED"
   if [[ -z "$reason" ]]; then
-    # Taint first, label last: the label moves the node out of this DaemonSet, which deletes this pod.
+    local checked="DCGM diag level $DIAG_LEVEL passed"
+    [[ "${check:-dcgm-diag}" != dcgm-health ]] || checked="DCGM health watches healthy, MIG devices $mig_devices"
+    # Taints first, label last: the label moves the node out of this DaemonSet, which deletes this pod. A rerun
+    # (after a reboot or a restart of this pod) that passes also clears an earlier failure.
+    kubectl taint node "$NODE_NAME" "$FAILED_TAINT:NoSchedule-" 2> /dev/null || true
     kubectl taint node "$NODE_NAME" "$STARTUP_TAINT:NoSchedule-" || true
-    record_event Normal GpuHealthCheckPassed "DCGM diag level $DIAG_LEVEL passed; $gpus GPUs, $efa EFA devices"
+    kubectl annotate node "$NODE_NAME" "$FAILED_AT_ANNOTATION-" > /dev/null || true
+    record_event Normal GpuHealthCheckPassed "$checked; $gpus GPUs, $efa EFA devices"
     kubectl label node "$NODE_NAME" --overwrite "$RESULT_LABEL=passed" "$REASON_LABEL-"
     log "passed: startup taint removed"
   else
-    # A taint that is not a startup taint: Karpenter no longer counts this node as capacity for pending pods
-    # and launches a replacement; the node stays for inspection (README, "GPU node health").
-    kubectl taint node "$NODE_NAME" --overwrite "$FAILED_TAINT=$reason:NoSchedule"
-    kubectl label node "$NODE_NAME" --overwrite "$RESULT_LABEL=failed" "$REASON_LABEL=$reason"
-    record_event Warning GpuHealthCheckFailed "$reason (see the gpu-health pod's logs on this node)"
-    log "FAILED: $reason; node stays tainted"
+    fail_node "$reason" "see the gpu-health pod's logs on this node"
   fi
 }
 
+# A taint that is not a startup taint: Karpenter no longer counts this node as capacity for pending pods and
+# launches a replacement; the node stays for inspection until the reaper deletes its NodeClaim (README,
+# "GPU node health").
+fail_node() {
+  local reason=$1 detail=$2
+  kubectl taint node "$NODE_NAME" --overwrite "$FAILED_TAINT=$reason:NoSchedule"
+  kubectl annotate node "$NODE_NAME" --overwrite "$FAILED_AT_ANNOTATION=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  kubectl label node "$NODE_NAME" --overwrite "$RESULT_LABEL=failed" "$REASON_LABEL=$reason"
+  record_event Warning GpuHealthCheckFailed "$reason ($detail)"
+  log "FAILED: $reason; node stays tainted"
+}
+
+# What the reaper does to each GPU node, one "node action" line per node it acts on: `fail` for a node without
+# a verdict after STUCK_SECONDS (it then counts as failed, with its hold starting now), `delete` for a failed node
+# held FAILED_HOLD_SECONDS or beyond its pool's newest MAX_FAILED_PER_POOL. A failed node without the annotation
+# counts as failed since it registered.
+reap_plan() {
+  jq -r --argjson now "$(date -u +%s)" --argjson stuck "$STUCK_SECONDS" --argjson hold "$FAILED_HOLD_SECONDS" \
+     --argjson keep "$MAX_FAILED_PER_POOL" --arg result "$RESULT_LABEL" --arg pool "$POOL_LABEL" \
+     --arg failed_at "$FAILED_AT_ANNOTATION" '
+    [.items[] | {name: .metadata.name, pool: (.metadata.labels[$pool] // ""),
+                 result: (.metadata.labels[$result] // ""),
+                 registered: (.metadata.creationTimestamp | fromdateiso8601),
+                 failed: (.metadata.annotations[$failed_at] // .metadata.creationTimestamp | fromdateiso8601)}]
+    | (map(select(.result != "passed" and .result != "failed" and $now - .registered >= $stuck)
+           | "\(.name) fail")),
+      (map(select(.result == "failed")) | group_by(.pool) | map(sort_by(-.failed) | to_entries[]
+           | select(.key >= $keep or $now - .value.failed >= $hold) | "\(.value.name) delete"))
+    | .[]'
+}
+
+step_reap() {
+  local nodes claims line node action claim
+  nodes=$(kubectl get nodes -l "$ROLE_LABEL=gpu" -o json)
+  claims=$(kubectl get nodeclaims.karpenter.sh -o json)
+  while read -r line; do
+    [[ -n "$line" ]] || continue
+    read -r node action <<< "$line"
+    NODE_NAME=$node
+    if [[ "$action" == fail ]]; then
+      fail_node "admission-stuck" "no verdict $((STUCK_SECONDS / 60)) minutes after the node registered"
+      continue
+    fi
+    claim=$(jq -r --arg node "$node" '[.items[] | select(.status.nodeName == $node)] | first // empty
+                                      | if .metadata.deletionTimestamp then "deleting" else .metadata.name end' \
+            <<< "$claims")
+    case "$claim" in
+      "") log "failed, but no NodeClaim names it (not Karpenter's): left for a person" ;;
+      deleting) ;;
+      *)
+        # Karpenter drains and terminates the instance behind a deleted NodeClaim (its termination finalizer).
+        kubectl delete nodeclaims.karpenter.sh "$claim" --wait=false
+        record_event Warning GpuHealthNodeReclaimed \
+          "NodeClaim $claim deleted after failed admission ($(node_label "$REASON_LABEL"))"
+        log "NodeClaim $claim deleted" ;;
+    esac
+  done < <(reap_plan <<< "$nodes")
+}
+
 main() {
-  : "${NODE_NAME:?NODE_NAME must be set (downward API spec.nodeName)}"
+  [[ "${1:-}" == reap ]] || : "${NODE_NAME:?NODE_NAME must be set (downward API spec.nodeName)}"
   case "${1:-}" in
     wait) step_wait ;;
     probe) step_probe ;;
     admit) step_admit ;;
-    *) echo "usage: $0 wait|probe|admit" >&2; exit 2 ;;
+    reap) step_reap ;;
+    *) echo "usage: $0 wait|probe|admit|reap" >&2; exit 2 ;;
   esac
 }
 

@@ -162,6 +162,11 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "5"),
     ("health-without-gpu-operator", _set("addons.gpuOperator.enabled", False), "trainyard:addons.gpuHealth.enabled",
      "GPU Operator"),
+    # A node still being checked (30 min wait + the check) would be counted as stuck and failed.
+    ("health-stuck-before-the-check-ends", _set("addons.gpuHealth.stuckMinutes", 45),
+     "trainyard:addons.gpuHealth.stuckMinutes", "at least 60"),
+    ("health-hold-too-long", _set("addons.gpuHealth.failedHoldHours", 500),
+     "trainyard:addons.gpuHealth.failedHoldHours", "168"),
     ("cache-larger-than-storage-memory", _set("addons.alluxio.memoryCache", "200Gi"),
      "trainyard:addons.alluxio.memoryCache", "half of the smallest storage node"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),

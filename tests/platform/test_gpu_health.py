@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from trainyard import names
 from trainyard.cloud.context import PoolFacts
+from trainyard.config.instance_types import INSTANCE_TYPES, GpuModel
+from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import StackFile, read_stack, render
+from trainyard.plan.runtime import StackFile, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.gpu_health import DCGM_IMAGE, KUBECTL_IMAGE, expectations
 
@@ -105,13 +107,46 @@ def test_only_the_probe_is_privileged() -> None:
 
 def test_rbac_is_least_privilege() -> None:
     recording = _recording("prod")
-    (cluster_role,) = [r for r in _objects(recording, "ClusterRole").values()
-                       if r["metadata"]["name"] == "gpu-health-check"]
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-                                     {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]}]
+    roles = _objects(recording, "ClusterRole")
+    assert roles["gpu-health-check"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]}]
+    # Only the reaper may delete NodeClaims (and so terminate instances).
+    assert roles["gpu-health-reaper"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list", "delete"]}]
+    bindings = _objects(recording, "ClusterRoleBinding")
+    for name in ("gpu-health-check", "gpu-health-reaper"):
+        assert bindings[name]["roleRef"]["name"] == name
+        assert bindings[name]["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "gpu-health"}]
     role = _objects(recording, "Role")["gpu-health-check"]
     assert role["metadata"]["namespace"] == "gpu-health"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_reaper_bounds_failed_and_stuck_nodes_as_the_stack_says(stack: str) -> None:
+    settings = settings_of(read_stack(stack)).addons.gpu_health
+    cron = _objects(_recording(stack), "CronJob")["gpu-health-reaper"]
+    assert cron["metadata"]["namespace"] == "gpu-health" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-health-reaper"
+    assert pod["nodeSelector"] == {"trainyard.io/role": "system"}
+    (container,) = pod["containers"]
+    assert container["command"] == ["bash", "/opt/gpu-health/gpu-health-check.sh", "reap"]
+    assert container["image"] == KUBECTL_IMAGE
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STUCK_SECONDS"] == str(settings.stuck_minutes * 60)
+    assert env["FAILED_HOLD_SECONDS"] == str(settings.failed_hold_hours * 3600)
+    assert env["MAX_FAILED_PER_POOL"] == str(settings.max_failed_nodes_per_pool)
+
+
+def test_the_reaper_follows_its_settings() -> None:
+    recording = render(_with_addons("dev", stuckMinutes=90, failedHoldHours=0, maxFailedNodesPerPool=0))
+    (container,) = _objects(recording, "CronJob")["gpu-health-reaper"]["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["STUCK_SECONDS"], env["FAILED_HOLD_SECONDS"], env["MAX_FAILED_PER_POOL"]) == ("5400", "0", "0")
 
 
 def test_the_script_and_the_expectations_ship_verbatim() -> None:
@@ -119,15 +154,36 @@ def test_the_script_and_the_expectations_ship_verbatim() -> None:
     assert data["gpu-health-check.sh"] == SCRIPT.read_text()
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
             if not line.startswith("#")}
-    assert rows[("h100", "p5.48xlarge")] == ["8", "81920", "32", "-"]  # EFA pool: 32 EFA devices
-    assert rows[("h200", "p5en.48xlarge")] == ["8", "144384", "16", "-"]
-    assert rows[("h100-mig", "p5.48xlarge")][-1] != "-"  # MIG pool: the layout must be applied
+    assert rows[("h100", "p5.48xlarge")] == ["8", "81920", "32", "-", "-", "dcgm-diag"]  # EFA: 32 EFA devices
+    assert rows[("h200", "p5en.48xlarge")] == ["8", "144384", "16", "-", "-", "dcgm-diag"]
+    assert rows[("h100-mig", "p5.48xlarge")][3] != "-"  # MIG pool: the layout must be applied
 
 
 def test_expectations_need_efa_only_on_efa_pools() -> None:
     pool = PoolFacts(name="p", role="gpu", node_labels={}, taints=(), zones=("a",), efa_interfaces=0,
-                     instance_types=("p4d.24xlarge",), mig_layout="all-balanced")
-    assert expectations([pool]).splitlines()[1] == "p p4d.24xlarge 8 40960 0 all-balanced"
+                     gpu=GpuModel.A100_40GB, instance_types=("p4d.24xlarge",), mig_layout="balanced")
+    assert expectations([pool]).splitlines()[1] == \
+        "p p4d.24xlarge 8 40960 0 balanced 1g.5gb=16,2g.10gb=8,3g.20gb=8 dcgm-health"
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_mig_partitioned_pools_are_admitted_without_the_diagnostic(stack: str) -> None:
+    # dcgmi diag refuses MIG-partitioned GPUs (NVIDIA/DCGM v4.6.0 nvvs/src/Gpu.cpp IsMigModeDiagCompatible,
+    # NvidiaValidationSuite.cpp BuildCommonGpusList): a pool whose layout partitions its GPUs must be checked by
+    # DCGM health and its MIG devices, or none of its nodes is ever admitted.
+    settings = settings_of(read_stack(stack))
+    mig = load_mig_catalog()
+    data = _objects(_recording(stack), "ConfigMap")["gpu-health-check"]["data"]
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
+            if not line.startswith("#")}
+    for pool in settings.pools("gpu"):
+        for itype in pool.instance_types:
+            gpu = INSTANCE_TYPES[itype]
+            slices = mig.slices(pool.mig_layout, gpu.gpu) if pool.mig_layout and gpu.gpu else {}
+            *_, devices, check = rows[(pool.name, itype)]
+            assert check == ("dcgm-health" if slices else "dcgm-diag"), (pool.name, itype)
+            wanted = {p: n * gpu.gpu_count for p, n in slices.items()}
+            assert devices == (",".join(f"{p}={n}" for p, n in sorted(wanted.items())) or "-"), (pool.name, itype)
 
 
 def test_the_script_uses_the_keys_the_component_and_karpenter_use() -> None:
@@ -166,6 +222,7 @@ def test_repair_off_drops_the_agent_and_the_feature_gate() -> None:
 def test_admission_off_leaves_no_taint_and_no_check() -> None:
     recording = _recording("dev", enabled=False)
     assert "gpu-health-check" not in _objects(recording, "DaemonSet")
+    assert "gpu-health-reaper" not in _objects(recording, "CronJob")
     for pool in _node_pools(recording).values():
         keys = {t["key"] for t in pool["spec"]["template"]["spec"]["startupTaints"]}
         assert keys == {"node.cilium.io/agent-not-ready"}

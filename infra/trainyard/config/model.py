@@ -308,6 +308,12 @@ class GpuHealthSettings(AddonSwitch):
     min_memory_percent: Annotated[int, Field(ge=50, le=100)] = 90
     # How long the check waits for GPU Operator validation and the MIG layout before it fails the node.
     wait_minutes: Annotated[int, Field(ge=5, le=120)] = 30
+    # A node with no verdict this long after it registered counts as failed (reason admission-stuck).
+    stuck_minutes: Annotated[int, Field(ge=30, le=1440)] = 120
+    # A failed node stays this long for inspection, then its NodeClaim is deleted (0: at once).
+    failed_hold_hours: Annotated[int, Field(ge=0, le=168)] = 4
+    # Failed nodes a pool keeps at once for inspection; older ones beyond these are deleted at once.
+    max_failed_nodes_per_pool: Annotated[int, Field(ge=0, le=10)] = 1
     # EKS node monitoring agent (node conditions) + Karpenter's NodeRepair feature gate (replaces the node).
     repair: bool = True
 

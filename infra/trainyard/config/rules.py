@@ -331,6 +331,11 @@ def _addons(s: Settings) -> Iterator[Problem]:
     if s.target == "aws" and a.gpu_health.enabled and not a.gpu_operator.enabled:
         yield Problem("addons.gpuHealth.enabled", "the admission check waits for GPU Operator validation: needs "
                                                   "addons.gpuOperator.enabled")
+    if a.gpu_health.enabled and (least := a.gpu_health.wait_minutes + _CHECK_MINUTES[a.gpu_health.diag_level]) \
+            > a.gpu_health.stuck_minutes:
+        yield Problem("addons.gpuHealth.stuckMinutes", f"must be at least {least}: waitMinutes plus the time its "
+                                                       f"DCGM check may take at diagLevel {a.gpu_health.diag_level}, "
+                                                       "or healthy nodes still being checked count as stuck")
     if s.target == "aws" and a.rook_ceph.enabled:
         storage = s.pools("storage")
         if not storage:
@@ -345,6 +350,13 @@ def _addons(s: Settings) -> Iterator[Problem]:
         yield Problem("addons.alluxio.enabled", "the dataset cache serves GPU jobs: add a 'gpu' pool")
     if s.target == "aws" and a.alluxio.enabled:
         yield from _cache_on_storage_nodes(s)
+
+
+# Minutes an admission check may take after its wait, per diagLevel: twice NVIDIA's run times for levels 1-3
+# (`dcgmi diag --help`: short, medium ~2 min, long ~15 min; NVIDIA/DCGM v4.6.0 dcgmi/CommandLineParser.cpp), rounded
+# up to 30 min, which also covers the MIG pools' 90 s of health watches; level 4 has no published run time, so
+# this blueprint allows two hours.
+_CHECK_MINUTES = {1: 30, 2: 30, 3: 30, 4: 120}
 
 
 # The cache workers share storage nodes with Ceph (OSDs, MDS): their memory tier may take half of the smallest

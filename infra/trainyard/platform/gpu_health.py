@@ -3,10 +3,18 @@
 Each GPU NodePool starts its nodes with the startup taint `trainyard.io/gpu-health` (cloud layer, PoolFacts).
 The DaemonSet runs on GPU nodes not yet labelled `trainyard.io/gpu-health=passed` and runs
 `platform/gpu-health/gpu-health-check.sh` in three containers: wait for the GPU Operator's validation (and the
-MIG layout on MIG pools), run DCGM diagnostics and count GPUs, GPU memory and EFA devices, then compare with the
-pool's expectations rendered here from the instance-type table. A pass removes the startup taint and labels the
-node passed, which takes the node out of the DaemonSet; a failure adds the `trainyard.io/gpu-health-failed`
-taint (reason as value), labels the reason and records an Event. See the README, "GPU node health".
+MIG layout on MIG pools), run the pool's DCGM check (diagnostics on whole GPUs; health watches and the MIG devices
+against the layout on MIG pools, where dcgmi diag refuses to run) and count GPUs, GPU memory and EFA devices, then
+compare with the pool's expectations rendered here from the instance-type and MIG tables. A pass removes the
+startup taint and labels the node passed, which takes the node out of the DaemonSet; a failure adds the
+`trainyard.io/gpu-health-failed` taint (reason as value), labels the reason and records an Event.
+
+Karpenter never disrupts a node that is not initialized (kubernetes-sigs/karpenter v1.14.1
+pkg/controllers/state/statenode.go ValidateNodeDisruptable) and its liveness check has no initialization timeout
+(pkg/controllers/nodeclaim/lifecycle/liveness.go), so a failed node would run until someone deletes it: the
+`gpu-health-reaper` CronJob runs the same script's `reap` step, which fails a node left without a verdict for
+`stuckMinutes` and deletes the NodeClaim of a node failed for `failedHoldHours` or beyond its pool's newest
+`maxFailedNodesPerPool`. See the README, "GPU node health".
 
 The add-on `gpuHealth` of platform/addons.yaml: no chart, this component (`COMPONENT`), on when the stack has GPU
 pools and `addons.gpuHealth.enabled`.
@@ -26,6 +34,7 @@ from trainyard import names
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.mig import MigCatalog, load_mig_catalog
 from trainyard.config.model import GpuHealthSettings
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
@@ -35,6 +44,9 @@ from trainyard.platform.scheduling import startup_tolerations, tolerations_for
 SCRIPT = PLATFORM_DIR / "gpu-health" / "gpu-health-check.sh"
 NAMESPACE = "gpu-health"
 NAME = "gpu-health-check"
+REAPER = "gpu-health-reaper"
+# Often enough that a node outlives its hold by at most this much.
+REAPER_SCHEDULE = "*/10 * * * *"
 SCRIPT_KEY = "gpu-health-check.sh"
 EXPECTED_KEY = "expected.tsv"
 SCRIPT_DIR = "/opt/gpu-health"
@@ -79,17 +91,40 @@ class GpuHealthArgs:
     depends_on: Sequence[pulumi.Resource] = ()
 
 
-def expectations(pools: Sequence[PoolFacts]) -> str:
-    """One row per pool and instance type: GPUs, nominal MiB per GPU, EFA devices required, MIG layout."""
-    rows = ["# pool instance-type gpus gpu-memory-mib efa-devices mig-layout"]
+# The DCGM check of a node: the diagnostic on whole GPUs; on MIG-partitioned GPUs DCGM refuses it ("MIG
+# configuration is incompatible with the diagnostic": NVIDIA/DCGM v4.6.0 nvvs/src/Gpu.cpp IsMigModeDiagCompatible,
+# nvvs/src/NvidiaValidationSuite.cpp BuildCommonGpusList), so there its health watches and the partition decide.
+DIAG_CHECK = "dcgm-diag"
+HEALTH_CHECK = "dcgm-health"
+
+
+def mig_devices(pool: PoolFacts, instance_type: str, mig: MigCatalog) -> dict[str, int]:
+    """MIG profile -> devices a node of this pool and type shows once mig-manager applied its layout; empty for
+    whole GPUs (no layout, or a layout that leaves MIG off)."""
+    if pool.mig_layout is None or pool.gpu is None:
+        return {}
+    gpus = INSTANCE_TYPES[instance_type].gpu_count
+    return {profile: per_gpu * gpus for profile, per_gpu in mig.slices(pool.mig_layout, pool.gpu).items()}
+
+
+def admission_check(pool: PoolFacts, instance_type: str, mig: MigCatalog) -> str:
+    return HEALTH_CHECK if mig_devices(pool, instance_type, mig) else DIAG_CHECK
+
+
+def expectations(pools: Sequence[PoolFacts], mig: MigCatalog | None = None) -> str:
+    """One row per pool and instance type: GPUs, nominal MiB per GPU, EFA devices required, MIG layout, the MIG
+    devices it must show (profile=count, byte order, as the script lists them) and the DCGM check."""
+    mig = mig or load_mig_catalog()
+    rows = ["# pool instance-type gpus gpu-memory-mib efa-devices mig-layout mig-devices check"]
     for pool in pools:
         for name in pool.instance_types:
             it = INSTANCE_TYPES[name]
             # Karpenter attaches one EFA interface per network card, only to nodes launched for EFA pods
             # (platform/karpenter.py): the check requires them only when the node's NodeClaim requested EFA.
             efa = it.efa_interfaces if pool.efa_interfaces else 0
+            devices = ",".join(f"{p}={n}" for p, n in sorted(mig_devices(pool, name, mig).items())) or "-"
             rows.append(f"{pool.name} {name} {it.gpu_count} {it.gpu_memory_gib * 1024} {efa} "
-                        f"{pool.mig_layout or '-'}")
+                        f"{pool.mig_layout or '-'} {devices} {admission_check(pool, name, mig)}")
     return "\n".join(rows) + "\n"
 
 
@@ -173,10 +208,50 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
     }
 
 
+def reaper_spec(args: GpuHealthArgs) -> dict[str, Any]:
+    """The CronJob that bounds the life of nodes admission failed or never decided (the script's `reap` step)."""
+    settings = args.settings
+    env = [
+        {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "STUCK_SECONDS", "value": str(settings.stuck_minutes * 60)},
+        {"name": "FAILED_HOLD_SECONDS", "value": str(settings.failed_hold_hours * 3600)},
+        {"name": "MAX_FAILED_PER_POOL", "value": str(settings.max_failed_nodes_per_pool)},
+        # kubectl keeps its discovery cache under $HOME; the root filesystem is read-only.
+        {"name": "HOME", "value": STATE_DIR},
+    ]
+    pod = {
+        "serviceAccountName": REAPER,
+        "restartPolicy": "Never",
+        # On the managed system nodes, next to the controllers: never on a GPU node it may reclaim.
+        "nodeSelector": {names.ROLE_LABEL: "system"},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "reap", "image": KUBECTL_IMAGE, "command": ["bash", f"{SCRIPT_DIR}/{SCRIPT_KEY}", "reap"],
+            "env": env, "securityContext": _restricted(),
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
+            "volumeMounts": [{"name": "script", "mountPath": SCRIPT_DIR, "readOnly": True},
+                             {"name": "state", "mountPath": STATE_DIR}],
+        }],
+        "volumes": [{"name": "script", "configMap": {"name": NAME, "defaultMode": 0o555}},
+                    {"name": "state", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    return {
+        "schedule": REAPER_SCHEDULE,
+        "concurrencyPolicy": "Forbid",
+        "startingDeadlineSeconds": 300,
+        "successfulJobsHistoryLimit": 1,
+        "failedJobsHistoryLimit": 3,
+        "jobTemplate": {"spec": {"backoffLimit": 1, "activeDeadlineSeconds": 300,
+                                 "template": {"metadata": {"labels": labels(REAPER, "gpu-health")}, "spec": pod}}},
+    }
+
+
 class GpuHealth(pulumi.ComponentResource):
-    """Namespace, least-privilege RBAC, the script as a ConfigMap and the admission DaemonSet."""
+    """Namespace, least-privilege RBAC, the script as a ConfigMap, the admission DaemonSet and the reaper."""
 
     daemonset: k8s.apps.v1.DaemonSet
+    reaper: k8s.batch.v1.CronJob
     # What dependants of an add-on wait for (platform.addon.Installed): here the DaemonSet.
     release: pulumi.Resource
 
@@ -193,10 +268,14 @@ class GpuHealth(pulumi.ComponentResource):
         in_namespace: Any = {"name": NAME, "namespace": NAMESPACE, "labels": meta}
         cluster_meta: Any = {"name": NAME, "labels": meta}
         subject: Any = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+        reaper_subject: Any = [{"kind": "ServiceAccount", "name": REAPER, "namespace": NAMESPACE}]
         # Labels and taints are patches on the node; RBAC cannot narrow it to the pod's own node.
         node_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
                            # Whether Karpenter launched the node with EFA interfaces (its NodeClaim's requests).
                            {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]}]
+        # The reaper lists GPU nodes, marks stuck ones failed, and deletes the NodeClaims of expired failures.
+        reaper_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+                             {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list", "delete"]}]
         event_rules: Any = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
         deny_ingress: Any = {"podSelector": {}, "policyTypes": ["Ingress"]}
         daemonset_meta: Any = {**in_namespace, "annotations": {**CHECKOV_SKIPS, **SKIP_AWAIT}}
@@ -209,11 +288,20 @@ class GpuHealth(pulumi.ComponentResource):
         node_binding = k8s.rbac.v1.ClusterRoleBinding(
             f"{name}-nodes", metadata=cluster_meta, role_ref=_role_ref("ClusterRole"), subjects=subject,
             opts=k8s_options(cluster, self, [node_role, account]))
+        reaper_meta: Any = {"name": REAPER, "labels": meta}
+        reaper_account = k8s.core.v1.ServiceAccount(f"{name}-reaper-account",
+                                                    metadata={**reaper_meta, "namespace": NAMESPACE},
+                                                    opts=after_namespace)
+        reaper_role = k8s.rbac.v1.ClusterRole(f"{name}-reaper", metadata=reaper_meta, rules=reaper_rules,
+                                              opts=k8s_options(cluster, self, args.depends_on))
+        reaper_binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-reaper", metadata=reaper_meta, role_ref=_role_ref("ClusterRole", REAPER),
+            subjects=reaper_subject, opts=k8s_options(cluster, self, [reaper_role, reaper_account]))
         event_role = k8s.rbac.v1.Role(f"{name}-events", metadata=in_namespace, rules=event_rules,
                                       opts=after_namespace)
         event_binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-events", metadata=in_namespace, role_ref=_role_ref("Role"), subjects=subject,
-            opts=k8s_options(cluster, self, [event_role, account]))
+            f"{name}-events", metadata=in_namespace, role_ref=_role_ref("Role"), subjects=[*subject, *reaper_subject],
+            opts=k8s_options(cluster, self, [event_role, account, reaper_account]))
         script = k8s.core.v1.ConfigMap(
             f"{name}-script", metadata=in_namespace,
             data={SCRIPT_KEY: args.script, EXPECTED_KEY: expectations(args.gpu_pools)}, opts=after_namespace)
@@ -223,12 +311,15 @@ class GpuHealth(pulumi.ComponentResource):
         self.daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-daemonset", metadata=daemonset_meta, spec=spec,
             opts=k8s_options(cluster, self, [script, node_binding, event_binding]))
+        self.reaper = k8s.batch.v1.CronJob(
+            f"{name}-reaper", metadata={**reaper_meta, "namespace": NAMESPACE}, spec=reaper_spec(args),
+            opts=k8s_options(cluster, self, [script, reaper_binding, event_binding]))
         self.release = self.daemonset
-        self.register_outputs({"daemonset": self.daemonset.metadata["name"]})
+        self.register_outputs({"daemonset": self.daemonset.metadata["name"], "reaper": self.reaper.metadata["name"]})
 
 
-def _role_ref(kind: str) -> Any:
-    return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": NAME}
+def _role_ref(kind: str, name: str = NAME) -> Any:
+    return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}
 
 
 def build(ctx: AddonContext) -> GpuHealth:
