@@ -73,8 +73,8 @@ def test_reserved_pools_select_their_reservations_by_id(stack: str) -> None:
 def test_node_pool_content() -> None:
     pools = _crs("prod", NODE_POOL)
     h100 = pools["h100"].inputs["spec"]
-    assert h100["limits"] == {"nvidia.com/gpu": "64"}  # maxSize 8 x 8 GPUs
-    assert pools["h200"].inputs["spec"]["limits"] == {"nvidia.com/gpu": "32"}
+    assert h100["limits"] == {"nodes": "8", "nvidia.com/gpu": "64"}  # maxSize 8 x 8 GPUs
+    assert pools["h200"].inputs["spec"]["limits"] == {"nodes": "4", "nvidia.com/gpu": "32"}
     template = h100["template"]
     assert template["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
     # Cilium's, then GPU admission's: only a passed health check removes the second (platform/gpu_health.py).
@@ -95,6 +95,20 @@ def test_node_pool_content() -> None:
     assert _crs("staging", NODE_POOL)["a100-mig"].inputs["spec"]["template"]["metadata"]["labels"][
         "nvidia.com/mig.config"] == "balanced"
     assert "nvidia.com/mig.config" not in template["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_every_pool_is_bounded_by_what_its_initialized_nodes_still_report(stack: str) -> None:
+    # Karpenter counts an initialized node at the node's own capacity (kubernetes-sigs/karpenter v1.14.1
+    # statenode.go Capacity); a MIG-partitioned node reports nvidia.com/mig-*, not nvidia.com/gpu, so only a
+    # `nodes` limit (one per state node) bounds a MIG pool.
+    settings = settings_of(read_stack(stack))
+    pools = _crs(stack, NODE_POOL)
+    for pool in settings.pools("gpu"):
+        limits = pools[pool.name].inputs["spec"]["limits"]
+        assert limits["nodes"] == str(pool.max_size), pool.name
+        if pool.mig_layout is not None:
+            assert "nvidia.com/gpu" not in limits, pool.name
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])

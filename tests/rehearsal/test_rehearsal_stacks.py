@@ -260,3 +260,40 @@ def test_item_1_coredns_before_any_node_is_named() -> None:
     old = cut(fresh("prod"), is_coredns, of_type("eks/nodeGroup:NodeGroup"))
     found = named(rehearsed(old).findings, "addon-needs-nodes", is_coredns, old)
     assert found and "no Ready node" in found[0].problem
+
+
+# -------------------------------------------------------------------------------- issue 18, put back one by one
+
+
+def _mig_pools(recording: Recording) -> set[str]:
+    return {str(lookup(r.inputs, "metadata.name")) for r in recording.resources if r.type.endswith(":NodePool")
+            and (lookup(r.inputs, "spec.template.metadata.labels", {}) or {}).get("nvidia.com/mig.config")}
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_issue_18_item_9_mig_pools_limited_on_whole_gpus_are_named(stack: str) -> None:
+    def gpu_limit_only(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["limits"] = {"nvidia.com/gpu": "16"}
+
+    old = edit(fresh(stack), of_type(":NodePool"), gpu_limit_only)
+    found = named(rehearse(old).findings, "pool-limits-bound", of_type(":NodePool"), old)
+    # Only the partitioned pools: a whole-GPU pool's nvidia.com/gpu limit still counts its nodes.
+    assert {str(lookup(old.by_urn()[f.urn].inputs, "metadata.name")) for f in found} == _mig_pools(old) != set()
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_issue_18_item_3_gpu_pools_without_a_reaper_are_named(stack: str) -> None:
+    old = drop(fresh(stack), of_type("batch/v1:CronJob"))
+    found = named(rehearse(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
+    pools = [r for r in old.resources if r.type.endswith(":NodePool")]
+    assert pools and len(found) == len(pools)
+    assert all("bills until someone deletes it" in f.problem for f in found)
+
+
+def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> None:
+    def list_only(inputs: dict[str, Any]) -> None:
+        for rule in inputs.get("rules") or ():
+            rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
+
+    old = edit(fresh("prod"), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
+    assert named(rehearse(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)

@@ -350,3 +350,65 @@ def test_hook_jobs_need_a_node_even_without_waiting() -> None:
     no_hooks = release("monitoring", "kube-prometheus-stack", {"prometheusOperator": {"admissionWebhooks": {
         "patch": {"enabled": False}}}}, eks, atomic=False, skip_await=True)
     assert findings(eks, no_hooks, cni, node_group("system", eks, cni)) == []
+
+
+# ------------------------------------------------------------------------------------------- node lifecycle
+
+
+def _limited_pool(limits: dict[str, str], layout: str | None = None, instance: str = "p5.48xlarge",
+                  startup: list[dict[str, str]] | None = None, expire: str = "Never") -> tuple[ResourceRecord, ...]:
+    eks, cni, system = base()
+    karpenter = release("karpenter", "karpenter", {}, eks, cni, system)
+    labels = {"trainyard.io/pool": "p", **({"nvidia.com/mig.config": layout} if layout else {})}
+    node_class, pool = karpenter_pool("p", instance, karpenter, labels=labels)
+    pool.inputs["spec"]["limits"] = limits
+    pool.inputs["spec"]["template"]["spec"].update({"startupTaints": startup or [], "expireAfter": expire})
+    return eks, cni, system, karpenter, node_class, pool
+
+
+def lifecycle_problems(*records: ResourceRecord) -> list[Finding]:
+    return [f for f in findings(*records) if f.rule in ("pool-limits-bound", "stranded-nodes-reclaimed")]
+
+
+def test_a_mig_pool_limited_only_on_whole_gpus_is_unbounded() -> None:
+    # Karpenter counts an initialized node at the node's own capacity (kubernetes-sigs/karpenter v1.14.1
+    # statenode.go Capacity); a partitioned node reports nvidia.com/mig-*, so its GPU limit counts zero.
+    (problem,) = lifecycle_problems(*_limited_pool({"nvidia.com/gpu": "16"}, layout="training-mixed"))
+    assert problem.rule == "pool-limits-bound" and "MIG-partitioned" in problem.problem
+    # Near misses: the same pool bounded on nodes, a whole-GPU pool on GPUs, a layout that leaves MIG off.
+    assert not lifecycle_problems(*_limited_pool({"nodes": "2", "nvidia.com/gpu": "16"}, layout="training-mixed"))
+    assert not lifecycle_problems(*_limited_pool({"nvidia.com/gpu": "16"}))
+    assert not lifecycle_problems(*_limited_pool({"nvidia.com/gpu": "16"}, layout="all-disabled"))
+
+
+GATE = [{"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"},
+        {"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"}]
+
+
+def _reaper(*deps: ResourceRecord, verbs: tuple[str, ...] = ("list", "delete"),
+            selector: dict[str, str] | None = None) -> tuple[ResourceRecord, ...]:
+    role = rec("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "reaper", {
+        "metadata": {"name": "reaper"},
+        "rules": [{"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": list(verbs)}]}, deps)
+    binding = rec("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "reaper", {
+        "metadata": {"name": "reaper"}, "roleRef": {"kind": "ClusterRole", "name": "reaper"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reaper", "namespace": "ops"}]}, (role,))
+    cron = rec("kubernetes:batch/v1:CronJob", "reaper", {
+        "metadata": {"name": "reaper", "namespace": "ops"},
+        "spec": {"jobTemplate": {"spec": {"template": {"spec": {
+            "serviceAccountName": "reaper", "nodeSelector": selector or {"trainyard.io/role": "system"},
+            "containers": [{"name": "reap"}]}}}}}}, (binding,))
+    return role, binding, cron
+
+
+def test_a_pool_whose_admission_can_fail_needs_something_that_reclaims_its_nodes() -> None:
+    gated = _limited_pool({"nodes": "2"}, startup=GATE)
+    (problem,) = lifecycle_problems(*gated)
+    assert problem.rule == "stranded-nodes-reclaimed" and "trainyard.io/gpu-health" in problem.problem
+    assert not lifecycle_problems(*gated, *_reaper(gated[0]))
+    # A reaper that may not delete NodeClaims, or that can run nowhere, reclaims nothing.
+    assert lifecycle_problems(*gated, *_reaper(gated[0], verbs=("list",)))
+    assert lifecycle_problems(*gated, *_reaper(gated[0], selector={"trainyard.io/role": "nowhere"}))
+    # Near misses: a finite expiry ends every node; Cilium's taint alone shows as NotReady, which repair handles.
+    assert not lifecycle_problems(*_limited_pool({"nodes": "2"}, startup=GATE, expire="720h"))
+    assert not lifecycle_problems(*_limited_pool({"nodes": "2"}, startup=GATE[:1]))

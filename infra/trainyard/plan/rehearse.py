@@ -5,20 +5,24 @@ Pulumi engine starts a resource once everything it waits on is done (`engine_ord
 SDK also fills from the outputs it consumes, its parent and its provider), so the cluster a resource meets is made of
 exactly those resources, transitively. Anything else may or may not be there yet, and a rule never counts on it.
 What a Helm release puts into the cluster is read from its rendered objects (`rendering`), never from a model
-of the chart. For each resource the rules in `readiness.RULES` check it against that cluster (and, for what
-controllers do later, against the cluster at the end of the run). The first problem in creation order is what
-`pulumi up` would hit first.
+of the chart. For each resource the rules in `readiness.RULES` and `lifecycle.RULES` check it against that cluster
+(and, for what controllers do later, against the cluster at the end of the run). The first problem in creation
+order is what `pulumi up` would hit first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainyard.plan import lifecycle, readiness
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
-from trainyard.plan.readiness import RULES, Moment
+from trainyard.plan.readiness import Moment
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
+
+# Convergence of `pulumi up` (readiness) and the bounds on what it leaves running (lifecycle).
+RULES = (*readiness.RULES, *lifecycle.RULES)
 
 
 @dataclass(frozen=True, slots=True)

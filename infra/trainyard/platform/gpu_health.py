@@ -211,7 +211,7 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
 def reaper_spec(args: GpuHealthArgs) -> dict[str, Any]:
     """The CronJob that bounds the life of nodes admission failed or never decided (the script's `reap` step)."""
     settings = args.settings
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "STUCK_SECONDS", "value": str(settings.stuck_minutes * 60)},
         {"name": "FAILED_HOLD_SECONDS", "value": str(settings.failed_hold_hours * 3600)},
@@ -219,7 +219,7 @@ def reaper_spec(args: GpuHealthArgs) -> dict[str, Any]:
         # kubectl keeps its discovery cache under $HOME; the root filesystem is read-only.
         {"name": "HOME", "value": STATE_DIR},
     ]
-    pod = {
+    pod: dict[str, Any] = {
         "serviceAccountName": REAPER,
         "restartPolicy": "Never",
         # On the managed system nodes, next to the controllers: never on a GPU node it may reclaim.
@@ -269,6 +269,7 @@ class GpuHealth(pulumi.ComponentResource):
         cluster_meta: Any = {"name": NAME, "labels": meta}
         subject: Any = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
         reaper_subject: Any = [{"kind": "ServiceAccount", "name": REAPER, "namespace": NAMESPACE}]
+        event_subjects: Any = [*subject, *reaper_subject]
         # Labels and taints are patches on the node; RBAC cannot narrow it to the pod's own node.
         node_rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
                            # Whether Karpenter launched the node with EFA interfaces (its NodeClaim's requests).
@@ -289,8 +290,8 @@ class GpuHealth(pulumi.ComponentResource):
             f"{name}-nodes", metadata=cluster_meta, role_ref=_role_ref("ClusterRole"), subjects=subject,
             opts=k8s_options(cluster, self, [node_role, account]))
         reaper_meta: Any = {"name": REAPER, "labels": meta}
-        reaper_account = k8s.core.v1.ServiceAccount(f"{name}-reaper-account",
-                                                    metadata={**reaper_meta, "namespace": NAMESPACE},
+        reaper_in_namespace: Any = {**reaper_meta, "namespace": NAMESPACE}
+        reaper_account = k8s.core.v1.ServiceAccount(f"{name}-reaper-account", metadata=reaper_in_namespace,
                                                     opts=after_namespace)
         reaper_role = k8s.rbac.v1.ClusterRole(f"{name}-reaper", metadata=reaper_meta, rules=reaper_rules,
                                               opts=k8s_options(cluster, self, args.depends_on))
@@ -300,7 +301,7 @@ class GpuHealth(pulumi.ComponentResource):
         event_role = k8s.rbac.v1.Role(f"{name}-events", metadata=in_namespace, rules=event_rules,
                                       opts=after_namespace)
         event_binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-events", metadata=in_namespace, role_ref=_role_ref("Role"), subjects=[*subject, *reaper_subject],
+            f"{name}-events", metadata=in_namespace, role_ref=_role_ref("Role"), subjects=event_subjects,
             opts=k8s_options(cluster, self, [event_role, account, reaper_account]))
         script = k8s.core.v1.ConfigMap(
             f"{name}-script", metadata=in_namespace,
@@ -311,8 +312,9 @@ class GpuHealth(pulumi.ComponentResource):
         self.daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-daemonset", metadata=daemonset_meta, spec=spec,
             opts=k8s_options(cluster, self, [script, node_binding, event_binding]))
+        cron_spec: Any = reaper_spec(args)
         self.reaper = k8s.batch.v1.CronJob(
-            f"{name}-reaper", metadata={**reaper_meta, "namespace": NAMESPACE}, spec=reaper_spec(args),
+            f"{name}-reaper", metadata=reaper_in_namespace, spec=cron_spec,
             opts=k8s_options(cluster, self, [script, reaper_binding, event_binding]))
         self.release = self.daemonset
         self.register_outputs({"daemonset": self.daemonset.metadata["name"], "reaper": self.reaper.metadata["name"]})

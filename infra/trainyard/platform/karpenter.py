@@ -72,6 +72,19 @@ def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
     return spec
 
 
+def pool_limits(pool: PoolFacts) -> dict[str, str]:
+    """What bounds a pool at maxSize nodes. Karpenter counts an initialized node at the capacity the node itself
+    reports (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/state/statenode.go Capacity), and a node whose GPUs
+    mig-manager partitioned reports nvidia.com/mig-*, not nvidia.com/gpu, so a GPU limit stops bounding a MIG pool.
+    Every state node counts as one `nodes` (same file; scheduling/scheduler.go enforces node limits before
+    launch), whatever its GPUs show, so that is the limit of every pool; pools without a MIG layout keep their GPU
+    limit too."""
+    limits = {"nodes": str(pool.max_nodes)}
+    if pool.mig_layout is None:
+        limits[names.GPU_TAINT_KEY] = str(pool.max_nodes * pool.gpus_per_node)
+    return limits
+
+
 def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
     requirements = [
         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(pool.instance_types)},
@@ -97,7 +110,7 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
                 "terminationGracePeriod": TERMINATION_GRACE,
             },
         },
-        "limits": {names.GPU_TAINT_KEY: str(pool.max_nodes * pool.gpus_per_node)},
+        "limits": pool_limits(pool),
         "disruption": {
             "consolidationPolicy": "WhenEmpty",
             "consolidateAfter": CONSOLIDATE_AFTER,
