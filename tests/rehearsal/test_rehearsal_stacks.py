@@ -276,7 +276,7 @@ def test_issue_18_item_9_mig_pools_limited_on_whole_gpus_are_named(stack: str) -
         inputs["spec"]["limits"] = {"nvidia.com/gpu": "16"}
 
     old = edit(fresh(stack), of_type(":NodePool"), gpu_limit_only)
-    found = named(rehearse(old).findings, "pool-limits-bound", of_type(":NodePool"), old)
+    found = named(rehearsed(old).findings, "pool-limits-bound", of_type(":NodePool"), old)
     # Only the partitioned pools: a whole-GPU pool's nvidia.com/gpu limit still counts its nodes.
     assert {str(lookup(old.by_urn()[f.urn].inputs, "metadata.name")) for f in found} == _mig_pools(old) != set()
 
@@ -284,7 +284,7 @@ def test_issue_18_item_9_mig_pools_limited_on_whole_gpus_are_named(stack: str) -
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_issue_18_item_3_gpu_pools_without_a_reaper_are_named(stack: str) -> None:
     old = drop(fresh(stack), of_type("batch/v1:CronJob"))
-    found = named(rehearse(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
+    found = named(rehearsed(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
     pools = [r for r in old.resources if r.type.endswith(":NodePool")]
     assert pools and len(found) == len(pools)
     assert all("bills until someone deletes it" in f.problem for f in found)
@@ -296,4 +296,4 @@ def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> N
             rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
 
     old = edit(fresh("prod"), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
-    assert named(rehearse(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
+    assert named(rehearsed(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)

@@ -358,7 +358,7 @@ def test_hook_jobs_need_a_node_even_without_waiting() -> None:
 def _limited_pool(limits: dict[str, str], layout: str | None = None, instance: str = "p5.48xlarge",
                   startup: list[dict[str, str]] | None = None, expire: str = "Never") -> tuple[ResourceRecord, ...]:
     eks, cni, system = base()
-    karpenter = release("karpenter", "karpenter", {}, eks, cni, system)
+    karpenter = _karpenter(eks, cni, system)
     labels = {"trainyard.io/pool": "p", **({"nvidia.com/mig.config": layout} if layout else {})}
     node_class, pool = karpenter_pool("p", instance, karpenter, labels=labels)
     pool.inputs["spec"]["limits"] = limits

@@ -11,9 +11,9 @@ from typing import Any
 
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
-from trainyard.plan.chart_pods import lookup, pod_needs
 from trainyard.plan.cluster_model import can_launch, can_run_now
 from trainyard.plan.cluster_state import NODE_POOL
+from trainyard.plan.pods import lookup, pod_needs
 from trainyard.plan.readiness import Moment, Rule, ready_pools
 from trainyard.plan.recording import ResourceRecord
 
