@@ -11,6 +11,8 @@ import pytest
 import torch
 import trainer_launch  # noqa: F401
 from trainyard_train.data import GlobalOrder, ShardReader, StepLoader, generate_successor_corpus, rank_slice
+from trainyard_train.layout import micro_batch_plan
+from trainyard_train.loss import IGNORE_INDEX
 
 SHARDS, RECORDS, SEQ = 8, 16, 6
 
@@ -48,26 +50,28 @@ def loader(reader: ShardReader, world_size: int, rank: int, global_batch: int = 
         reader,
         order,
         global_batch=global_batch,
-        micro_batch=micro,
-        world_size=world_size,
-        rank=rank,
+        plan=micro_batch_plan(global_batch, micro, world_size),
+        dp_size=world_size,
+        dp_rank=rank,
         device=torch.device("cpu"),
     )
 
 
 def consumed(reader: ShardReader, world_size: int, step: int) -> list[tuple[int, int]]:
-    """(shard, index) of every sample step ``step`` reads, rank by rank, from the tokens themselves."""
+    """(shard, index) of every sample step ``step`` reads, rank by rank, from the tokens themselves; padding
+    rows (all targets ignored) are not samples."""
     rows = []
     for rank in range(world_size):
-        for inputs, _ in loader(reader, world_size, rank).step_batches(step * 24):
-            rows += [(int(row[0]), int(row[1])) for row in inputs]
+        for inputs, targets in loader(reader, world_size, rank).step_batches(step * 24):
+            rows += [(int(row[0]), int(row[1])) for row, t in zip(inputs, targets, strict=True)
+                     if (t != IGNORE_INDEX).all()]
     return rows
 
 
 def test_steps_read_the_same_samples_at_any_world_size(tmp_path: Path) -> None:
     reader = labelled_corpus(tmp_path / "labelled")
     for step in (0, 3, 7):
-        by_world = {w: consumed(reader, w, step) for w in (1, 2, 3, 6, 12)}  # 12 ranks > 8 shards
+        by_world = {w: consumed(reader, w, step) for w in (1, 2, 3, 5, 6, 7, 12)}  # uneven shares; 12 > 8 shards
         assert all(len(rows) == 24 for rows in by_world.values())
         assert len({tuple(rows) for rows in by_world.values()}) == 1, step  # same samples, same order
 
@@ -90,10 +94,21 @@ def test_record_ids_match_positions_across_epochs() -> None:
 
 
 def test_rank_slices_tile_the_step() -> None:
-    slices = [rank_slice(96, 24, 3, r) for r in range(3)]
-    assert slices == [(96, 8), (104, 8), (112, 8)]
-    with pytest.raises(ValueError, match="does not split"):
-        rank_slice(0, 24, 5, 0)
+    assert [rank_slice(96, 24, 3, r) for r in range(3)] == [(96, 8), (104, 8), (112, 8)]
+    assert [rank_slice(0, 24, 5, r) for r in range(5)] == [(0, 5), (5, 5), (10, 5), (15, 5), (20, 4)]
+
+
+def test_every_rank_runs_the_same_micro_batches_and_pads_the_smaller_share(reader: ShardReader) -> None:
+    # 24 samples over 5 ranks, at most 4 per forward: shares 5 5 5 5 4, each 2 micro-batches of 3 rows.
+    shapes, kept = set(), []
+    for rank in range(5):
+        batches = loader(reader, 5, rank).step_batches(0)
+        shapes.add(tuple(tuple(inputs.shape) for inputs, _ in batches))
+        kept.append(sum(int((targets != IGNORE_INDEX).all(dim=1).sum()) for _, targets in batches))
+        padded = [t for _, t in batches for t in t if (t == IGNORE_INDEX).any()]
+        assert all((t == IGNORE_INDEX).all() for t in padded)  # a row is a sample or wholly padding
+    assert shapes == {((3, SEQ), (3, SEQ))}
+    assert kept == [5, 5, 5, 5, 4]
 
 
 def test_reader_rejects_a_truncated_shard(reader: ShardReader, tmp_path: Path) -> None:

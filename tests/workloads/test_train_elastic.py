@@ -165,11 +165,12 @@ def test_torn_checkpoint_falls_back_to_previous(tmp_path: Path, damage: str) -> 
 
 def test_resume_with_smaller_world_continues_position(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run(run_dir, ["train.steps=60", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=2)
-    launched = run(run_dir, ["train.steps=90", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=1)
+    # 4 -> 2 ranks (at 1 there is no DDP, so no PowerSGD state to reinitialise).
+    run(run_dir, ["train.steps=60", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=4)
+    launched = run(run_dir, ["train.steps=90", "checkpoint.interval_steps=30", "comm.hook=powersgd"], nproc=2)
     events = launched.events()
     start = [e for e in events if e["event"] == "start"][-1]
-    assert start["world_size"] == 1 and start["accum"] == 4  # same global batch, twice the accumulation
+    assert start["world_size"] == 2 and start["accum"] == 2  # same global batch, twice the accumulation
     assert start["step"] == 60 and start["samples"] == 60 * GLOBAL_BATCH
     assert "powersgd_state_reinitialized" in launched.output()
     assert events[-1]["event"] == "done" and events[-1]["step"] == 90

@@ -32,21 +32,50 @@ def _require(ok: bool, key: str, why: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
+    """A Llama-style decoder (model.py): RMSNorm, rotary positions, SwiGLU, grouped-query attention."""
+
     vocab_size: int = 64
     seq_len: int = 32
     """Context length; every data record holds seq_len + 1 tokens (inputs and shifted targets)."""
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
+    n_kv_heads: int = 0
+    """Key/value heads; 0 means n_heads (multi-head attention), fewer shares each between query heads (GQA)."""
+    ffn_hidden: int = 0
+    """SwiGLU hidden width; 0 means Llama's rule, 8·d_model/3 rounded up to a multiple of 64."""
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    """Share the token embedding with the output head (data_parallel: ddp only: FSDP and pipeline stages
+    hold the two apart)."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
             _require(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
+        for name in ("n_kv_heads", "ffn_hidden"):
+            _require(getattr(self, name) >= 0, f"model.{name}", "must be >= 0 (0: derived)")
         _require(self.vocab_size <= 65536, "model.vocab_size", "tokens are stored as uint16 (<= 65536)")
         _require(self.d_model % self.n_heads == 0, "model.d_model", "must be divisible by model.n_heads")
-        _require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        _require((self.d_model // self.n_heads) % 2 == 0, "model.n_heads",
+                 "d_model / n_heads must be even (rotary embeddings rotate pairs of channels)")
+        _require(self.n_heads % self.kv_heads == 0, "model.n_kv_heads", "must divide model.n_heads")
+        _require(self.rope_theta > 0, "model.rope_theta", "must be > 0")
+        _require(self.norm_eps > 0, "model.norm_eps", "must be > 0")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return -(-8 * self.d_model // 3 // 64) * 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,28 +124,27 @@ class TrainConfig:
     steps: int = 200
     """Optimizer steps to reach; a resumed run continues until this global step."""
     global_batch_size: int = 16
-    """Samples per optimizer step, constant across world sizes (accumulation absorbs the difference)."""
+    """Samples per optimizer step, constant across world sizes: data-parallel ranks take shares that differ by
+    at most one sample, and the loss is normalised by the global token count (layout.py, micro_batch_plan)."""
     micro_batch_size: int = 4
+    """Upper bound on the samples one forward pass holds (under pipelining: one pipeline micro-batch)."""
     seed: int = 0
     log_every: int = 1
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "train.steps", "must be >= 1")
         _require(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
-        _require(
-            self.global_batch_size >= self.micro_batch_size and self.global_batch_size % self.micro_batch_size == 0,
-            "train.global_batch_size",
-            "must be a positive multiple of train.micro_batch_size",
-        )
+        _require(self.global_batch_size >= 1, "train.global_batch_size", "must be >= 1")
         _require(self.log_every >= 1, "train.log_every", "must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PerfConfig:
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """auto: bf16 autocast on CUDA, fp32 on CPU."""
+    """auto: bf16 on CUDA, fp32 on CPU. bf16 is autocast under DDP, and under FSDP weights gathered in bf16 with
+    gradients reduced in fp32."""
     compile: bool = False
-    """torch.compile the model (CUDA; on CPU it works but compiles for minutes)."""
+    """torch.compile the model under DDP, each block under FSDP (CUDA; on CPU it works but compiles for minutes)."""
     fused_adamw: bool = True
     """AdamW's fused kernel (one launch for all parameters; CUDA and CPU)."""
     tf32: bool = True
@@ -127,6 +155,74 @@ class PerfConfig:
     def __post_init__(self) -> None:
         _require(self.precision in ("auto", "bf16", "fp32"), "perf.precision", "must be 'auto', 'bf16' or 'fp32'")
         _require(self.loss_chunk_tokens >= 1, "perf.loss_chunk_tokens", "must be >= 1")
+
+
+PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+# Schedules that run several stages per pipeline rank (torch/distributed/pipelining/schedules.py@v2.13.0,
+# PipelineScheduleMulti); the V-shaped ones place exactly two per rank, first and last on pp rank 0.
+MULTI_STAGE_SCHEDULES = frozenset(
+    {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+)
+V_SCHEDULES = frozenset({"ZBVZeroBubble", "DualPipeV"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How the world splits into pipeline x data-parallel x tensor-parallel ranks (parallel/, layout.py).
+
+    The degrees multiply to the world size; one data-parallel degree may be -1 (the rest of the world), so an
+    elastic job resizes only the data-parallel dimension. Tensor parallel is the innermost dimension, so its
+    groups are consecutive ranks on one node; pipeline parallel is the outermost.
+    """
+
+    data_parallel: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: replicas, all-reduced gradients (the data-parallel-only layout, PowerSGD possible); fsdp: FSDP2
+    fully_shard per block, required for tensor or pipeline parallelism."""
+    dp_replicate: int = 1
+    """fsdp: replica groups of HSDP (gradients all-reduced between them); -1: the rest of the world."""
+    dp_shard: int = -1
+    """fsdp: ranks one copy of the model states is sharded over; -1: the rest of the world."""
+    tp: int = 1
+    """Tensor-parallel degree: attention heads, FFN width and vocabulary split over tp ranks on one node, with
+    sequence parallelism on the norms and residuals (each rank holds 1/tp of the sequence there)."""
+    pp: int = 1
+    """Pipeline stages' ranks: layers split into pp (x stages_per_rank) contiguous stages."""
+    pp_schedule: Literal[
+        "1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+    ] = "1F1B"
+    pp_stages_per_rank: int = 2
+    """Stages per pipeline rank for the interleaved and looped schedules (the V schedules need exactly 2)."""
+    ac: Literal["none", "full"] = "none"
+    """Activation checkpointing per block: full keeps each block's input and recomputes the rest in backward."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard"):
+            value = getattr(self, name)
+            _require(value >= 1 or value == -1, f"parallel.{name}", "must be >= 1, or -1 for the rest of the world")
+        _require(not (self.dp_replicate == -1 and self.dp_shard == -1), "parallel.dp_replicate",
+                 "only one of dp_replicate and dp_shard can be -1")
+        for name in ("tp", "pp"):
+            _require(getattr(self, name) >= 1, f"parallel.{name}", "must be >= 1")
+        if self.data_parallel == "ddp":
+            why = "needs parallel.data_parallel: fsdp (DDP is the data-parallel-only layout)"
+            _require(self.tp == 1, "parallel.tp", why)
+            _require(self.pp == 1, "parallel.pp", why)
+            _require(self.dp_replicate == 1 and self.dp_shard == -1, "parallel.dp_replicate",
+                     "DDP has one data-parallel dimension, the whole world: leave dp_replicate and dp_shard unset")
+        if self.pp_schedule in V_SCHEDULES:
+            _require(self.pp_stages_per_rank == 2, "parallel.pp_stages_per_rank",
+                     f"{self.pp_schedule} places exactly 2 stages per rank")
+        elif self.pp_schedule in MULTI_STAGE_SCHEDULES:
+            _require(self.pp_stages_per_rank >= 2, "parallel.pp_stages_per_rank",
+                     f"{self.pp_schedule} runs several stages per rank: must be >= 2")
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.pp_stages_per_rank if self.pp > 1 and self.pp_schedule in MULTI_STAGE_SCHEDULES else 1
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.stages_per_rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +281,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
@@ -192,6 +289,29 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must not be empty")
+        self._check_layout_fits_model()
+
+    def _check_layout_fits_model(self) -> None:
+        """What a layout needs of the model, decidable without a world size (validate.py checks the rest)."""
+        m, p = self.model, self.parallel
+        if self.comm.hook != "allreduce":
+            # DDP communication hooks do not exist under FSDP2 (reduce-scatter of flat shards, not buckets).
+            _require(p.data_parallel == "ddp", "comm.hook", f"{self.comm.hook} is a DDP hook: needs "
+                     "parallel.data_parallel: ddp (under fsdp gradients are reduce-scattered by FSDP2)")
+        if m.tie_embeddings:
+            _require(p.data_parallel == "ddp", "model.tie_embeddings", "needs parallel.data_parallel: ddp (FSDP "
+                     "shards and pipeline stages hold the embedding and the head apart)")
+        if p.tp > 1:
+            # Colwise q/k/v/w1/w3 split heads and FFN width; the vocabulary-parallel embedding and head split
+            # the vocabulary; sequence parallel splits the sequence (torchtitan parallel_dims.seq_len_divisor).
+            sizes = (("n_heads", m.n_heads), ("n_kv_heads", m.kv_heads), ("ffn_hidden", m.ffn_dim),
+                     ("vocab_size", m.vocab_size))
+            for key, size in sizes:
+                _require(size % p.tp == 0, f"model.{key}", f"{size} does not split over parallel.tp={p.tp} ranks")
+            _require(m.seq_len % p.tp == 0, "model.seq_len",
+                     f"{m.seq_len} does not split over parallel.tp={p.tp} ranks (sequence parallel)")
+        _require(m.n_layers >= p.n_stages, "model.n_layers",
+                 f"{m.n_layers} layers cannot fill {p.n_stages} pipeline stages (pp x stages per rank)")
 
     @property
     def run_dir_path(self) -> Path:

@@ -1,23 +1,24 @@
-"""The training loop: DDP, gradient accumulation, checkpoint/resume, graceful stop, metrics.
+"""The training loop: any layout (parallel/), checkpoint/resume, graceful stop, metrics.
 
-Per optimizer step every rank runs ``accum`` micro-batches; gradients are reduced only on the last
-(``no_sync`` before it), then one tiny all-reduce on the device group carries the mean loss and the stop
-vote, so all ranks stop at the same step whichever of them was signalled. Reading that result is the
-step's only host synchronisation.
+The loop does not know the layout: ``ParallelModel.forward_backward`` runs the step's micro-batches (DDP, FSDP2,
+tensor or pipeline parallel, reducing gradients once per step), then the optimizers step, then one tiny
+all-reduce on the device group carries the mean loss and the stop vote, so all ranks stop at the same step
+whichever of them was signalled. Reading that result is the step's only host synchronisation.
 
 Collectives always name their group (see distributed.Runtime): device tensors on ``device_group``, CPU
-ones (checkpoints, barriers) on ``cpu_group``. Nothing is sent on the default group implicitly.
+ones (checkpoints, barriers) on ``cpu_group``, the layout's on its mesh groups. Nothing is sent on the default
+group implicitly.
 
-PowerSGD state (error feedback, warm-start factors, its step counter and RNG) is rank-local. It is
-saved per rank and restored when the world size is unchanged; after a resize it is re-initialized,
-because each residual belongs to one rank's share of the global batch and, with the batch split
+Checkpoints hold model and optimizer state keyed by parameter name (parallel/engine.py), so a run resumes in any
+layout and at any world size. PowerSGD state (error feedback, warm-start factors, its step counter and RNG) is
+rank-local. It is saved per rank and restored when the layout and world size are unchanged; otherwise it is
+re-initialized, because each residual belongs to one rank's share of the global batch and, with the batch split
 differently, no longer matches any rank's gradient stream. The fresh state runs ``powersgd_start_iter`` plain
 all-reduce steps again before compressing, which is the warm-up PowerSGD is designed around.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -29,35 +30,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import yaml
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
+from . import layout
 from .checkpoint import Checkpointer, CheckpointRef
-from .comm import powersgd_state_blob, register_grad_hook, restore_powersgd_state
+from .comm import GradCommMeter, powersgd_state_blob, register_grad_hook, restore_powersgd_state
 from .config import Config, ConfigError
 from .data import MANIFEST, GlobalOrder, ShardReader, StepLoader, generate_for
 from .distributed import Runtime
 from .exitcodes import STOPPED
 from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
-from .model import DecoderLM
+from .parallel import ParallelModel
 from .preflight import RUN_MODEL_KEY
 from .progress import ProgressLog
 from .signals import StopRequest, final_exit
 
 log = logging.getLogger(LOGGER_NAME)
-
-
-def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
-    """Micro-steps per optimizer step that keep the global batch fixed at this world size."""
-    per_rank, rem = divmod(global_batch, world_size * micro_batch)
-    if rem or per_rank == 0:
-        raise ConfigError(
-            f"train.global_batch_size: {global_batch} is not a multiple of "
-            f"world_size ({world_size}) x train.micro_batch_size ({micro_batch})"
-        )
-    return per_rank
 
 
 def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -108,47 +97,50 @@ class Trainer:
         self.cfg = cfg
         self.rt = rt
         env = rt.env
-        self.accum = accumulation_steps(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size)
+        self.layout, self.plan = layout.for_config(cfg, env.world_size)
         torch.manual_seed(cfg.train.seed)
         if rt.device.type == "cuda":
             # https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
             torch.set_float32_matmul_precision("high" if cfg.perf.tf32 else "highest")
-        self.autocast = autocast_dtype(cfg, rt.device)
 
         reader = prepare_data(cfg, rt)
+        self.model = ParallelModel(cfg, rt, self.layout, self.plan, autocast_dtype(cfg, rt.device))
         self.loader = StepLoader(
             reader,
             GlobalOrder(reader.num_records, seed=cfg.train.seed),
             global_batch=cfg.train.global_batch_size,
-            micro_batch=cfg.train.micro_batch_size,
-            world_size=env.world_size,
-            rank=env.rank,
+            plan=self.plan,
+            dp_size=self.layout.dp,
+            dp_rank=self.model.dp_rank,
             device=rt.device,
         )
         self.trace_file = cfg.run_dir_path / "trace" / f"rank-{env.rank}.jsonl" if cfg.data.trace else None
         if self.trace_file is not None:
             self.trace_file.parent.mkdir(parents=True, exist_ok=True)
 
-        self.raw_model = DecoderLM(cfg.model, loss_chunk_tokens=cfg.perf.loss_chunk_tokens).to(rt.device)
-        # Compile the module, then wrap it: DDP's optimizer then splits the graph at bucket boundaries so
-        # communication overlaps compute (https://pytorch.org/docs/stable/notes/ddp.html, TorchDynamo DDP).
-        inner = torch.compile(self.raw_model) if cfg.perf.compile else self.raw_model
-        self.model = DistributedDataParallel(
-            inner,
-            device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-            process_group=rt.device_group,
-        )
-        self.optimizer = torch.optim.AdamW(
-            self.raw_model.parameters(),
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            weight_decay=cfg.optim.weight_decay,
-            fused=cfg.perf.fused_adamw,
-        )
-        self.scheduler = LambdaLR(
-            self.optimizer, warmup_cosine(cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio)
-        )
-        self.powersgd, self.meter = register_grad_hook(self.model, cfg.comm, rt.device_group, seed=cfg.train.seed)
+        # One optimizer (and schedule) per model part, as torchtitan's OptimizersContainer: a pipeline rank may
+        # hold several stages, and each part's state is keyed by its own parameter names.
+        self.optimizers = [
+            torch.optim.AdamW(
+                part.parameters(),
+                lr=cfg.optim.lr,
+                betas=cfg.optim.betas,
+                weight_decay=cfg.optim.weight_decay,
+                fused=cfg.perf.fused_adamw,
+            )
+            for part in self.model.parts
+        ]
+        lr_factor = warmup_cosine(cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio)
+        self.schedulers = [LambdaLR(optimizer, lr_factor) for optimizer in self.optimizers]
+        self.powersgd = None
+        if self.model.ddp is not None:
+            self.powersgd, self.meter = register_grad_hook(
+                self.model.ddp, cfg.comm, rt.device_group, seed=cfg.train.seed
+            )
+        else:
+            self.meter = GradCommMeter(self.model.gradient_bytes())
+            if cfg.comm.hook != "allreduce":
+                log.info(kv("comm_hook_unused", hook=cfg.comm.hook, reason="one data-parallel rank: nothing to reduce"))
         self.checkpointer = Checkpointer(
             cfg.checkpoint_dir,
             keep_last=cfg.checkpoint.keep_last,
@@ -159,6 +151,7 @@ class Trainer:
         self.stop = StopRequest(cfg.shutdown.grace_period_s)
         self.progress = ProgressLog(cfg.progress_file if env.is_main else None)
         self.metrics = TrainMetrics()
+        self._memory_reported = False
         self.step = 0
         self.samples = 0
         """The data position: samples consumed, the same number at every world size (and if the global
@@ -167,11 +160,11 @@ class Trainer:
     # -- checkpoint state -------------------------------------------------------------------------
 
     def _state(self, rank_local: bool) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.raw_model, self.optimizer)
+        model_sd, optim_sd = self.model.state_dict(self.optimizers)
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.schedulers[0].state_dict(),  # every part's schedule is the same function of step
             # World-size independent: the step, and the global sample position it implies.
             "progress": {"step": self.step, "samples": self.samples},
             "config": self.cfg.to_yaml(),
@@ -187,25 +180,31 @@ class Trainer:
             state["rank_local"] = {str(self.rt.env.rank): pickle.dumps(blob)}
         return state
 
-    def save(self) -> None:
-        meta = {"world_size": self.rt.env.world_size, "samples": self.samples,
+    def _meta(self) -> dict[str, Any]:
+        """The commit marker's fields: the layout this run saved in, and the model it is (preflight checks it)."""
+        return {"world_size": self.rt.env.world_size, "layout": self.layout.describe(), "samples": self.samples,
                 RUN_MODEL_KEY: dataclasses.asdict(self.cfg.model)}
-        self.checkpointer.save(self.step, self._state(rank_local=True), meta)
+
+    def save(self) -> None:
+        self.checkpointer.save(self.step, self._state(rank_local=True), self._meta())
         self.progress.write(
             "checkpoint", step=self.step, samples=self.samples, blocking_seconds=self.checkpointer.last_blocking_seconds
         )
 
     def restore(self) -> CheckpointRef | None:
-        world_size = self.rt.env.world_size
+        here = self._meta()
+
+        def same_layout(meta: dict[str, Any]) -> bool:
+            # Global rank r is the same mesh coordinate only in the same layout at the same world size.
+            return meta.get("world_size") == here["world_size"] and meta.get("layout") == here["layout"]
 
         def make_state(_ref: CheckpointRef, meta: dict[str, Any]) -> dict[str, Any]:
-            return self._state(rank_local=meta.get("world_size") == world_size)
+            return self._state(rank_local=same_layout(meta))
 
         def apply(state: dict[str, Any]) -> None:
-            set_state_dict(
-                self.raw_model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-            )
-            self.scheduler.load_state_dict(state["scheduler"])
+            self.model.load_state_dict(state["model"], state["optim"], self.optimizers)
+            for scheduler in self.schedulers:
+                scheduler.load_state_dict(state["scheduler"])
             self.step = int(state["progress"]["step"])
             self.samples = int(state["progress"]["samples"])
             changed = changed_keys(yaml.safe_load(state["config"]), yaml.safe_load(self.cfg.to_yaml()))
@@ -216,16 +215,17 @@ class Trainer:
         loaded = self.checkpointer.load_latest(make_state, apply)
         if loaded is not None:
             ref, meta = loaded
-            log.info(kv("resumed", step=self.step, samples=self.samples, saved_world_size=meta.get("world_size")))
+            log.info(kv("resumed", step=self.step, samples=self.samples, saved_world_size=meta.get("world_size"),
+                        saved_layout=meta.get("layout")))
             return ref
         return None
 
     def _restore_rank_local(self, rank_local: dict[str, Any] | None) -> None:
         if rank_local is None:
-            # Resized world: re-seed per rank from the step so the run stays reproducible.
+            # Another layout or world size: re-seed per rank from the step so the run stays reproducible.
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.step + self.rt.env.rank)
             if self.powersgd is not None:
-                log.info(kv("powersgd_state_reinitialized", reason="world size changed"))
+                log.info(kv("powersgd_state_reinitialized", reason="layout or world size changed"))
             return
         blob = pickle.loads(rank_local[str(self.rt.env.rank)])
         torch.set_rng_state(blob["torch_rng"])
@@ -238,35 +238,37 @@ class Trainer:
 
     def _train_step(self) -> tuple[float, bool]:
         cfg, device = self.cfg, self.rt.device
-        self.model.train()
         batches = self.loader.step_batches(self.samples)
         if self.trace_file is not None:
             self._trace(self.loader.last_record_ids.tolist())
-        loss_sum = torch.zeros((), device=device)
-        for micro, (inputs, targets) in enumerate(batches):
-            # Gradients are reduced once per optimizer step: skip DDP's all-reduce on earlier micro-steps.
-            sync = contextlib.nullcontext() if micro == self.accum - 1 else self.model.no_sync()
-            with sync:
-                with self._autocast():
-                    loss = self.model(inputs, targets) / self.accum
-                loss.backward()
-            loss_sum += loss.detach()
+        loss = self.model.forward_backward(batches)
         if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.optim.grad_clip, foreach=True)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            self.model.clip_grad_norm_(cfg.optim.grad_clip)
+        for optimizer in self.optimizers:
+            optimizer.step()
+        if not self._memory_reported:
+            self._report_memory()  # now every rank holds its parameters, gradients and optimizer state
+        for scheduler in self.schedulers:
+            scheduler.step()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.samples += cfg.train.global_batch_size
-        stats = torch.stack([loss_sum, torch.tensor(float(self.stop.requested), device=device)])
+        # Each rank's loss is its share of the step's mean (zero where not reported): the sum is the mean.
+        stats = torch.stack([loss, torch.tensor(float(self.stop.requested), device=device)])
         dist.all_reduce(stats, group=self.rt.device_group)
-        loss_total, votes = stats.tolist()  # the step's one host sync
-        return loss_total / self.rt.env.world_size, votes > 0
+        mean_loss, votes = stats.tolist()  # the step's one host sync
+        return mean_loss, votes > 0
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.rt.device.type, dtype=self.autocast)
+    def _report_memory(self) -> None:
+        """Once per run, in the first step: the bytes each rank holds, by layout (benches, planner checks)."""
+        self._memory_reported = True
+        held: dict[str, Any] = self.model.local_bytes(self.optimizers)
+        if self.rt.device.type == "cuda":
+            held["max_allocated"] = torch.cuda.max_memory_allocated()
+        per_rank: list[Any] = [None] * self.rt.env.world_size
+        dist.all_gather_object(per_rank, held, group=self.rt.cpu_group)
+        self.progress.write("memory", step=self.step + 1, layout=self.layout.describe(), ranks=per_rank)
 
     def _trace(self, record_ids: list[int]) -> None:
         assert self.trace_file is not None
@@ -286,7 +288,9 @@ class Trainer:
             world_size=env.world_size,
             restart_count=env.restart_count,
             resumed_from=str(resumed.path) if resumed else None,
-            accum=self.accum,
+            layout=self.layout.describe(),
+            accum=self.plan.count,
+            micro_rows=self.plan.rows,
             hook=cfg.comm.hook,
             data_sha256=self.loader.reader.manifest.content_sha256,  # which data this run saw (prepare.py)
         )

@@ -22,6 +22,7 @@ from .logs import kv, setup_logging
 from .loop import Trainer
 from .preflight import check, check_resumable, config_error_line, parse_args
 from .signals import final_exit
+from .validate import check_launch
 
 
 def _exported(cfg: Config, runtime: Runtime) -> ExportWatcher | None:
@@ -44,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Fail on a bad key before joining the rendezvous; under the node agent this was checked already.
         cfg = check(args)
+        # The layout against this world (torchrun's environment), before any process group exists.
+        check_launch(cfg, world_size=env.world_size, local_world_size=env.local_world_size)
     except ConfigError as exc:
         return final_exit(CONFIG_ERROR, config_error_line(exc))
     log = setup_logging(env.rank, env.world_size)
