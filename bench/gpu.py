@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workloads"))
 from trainyard_train.config import Config, load_config  # noqa: E402
 from trainyard_train.model import DecoderLM  # noqa: E402
+from trainyard_train.planner import parameter_count  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.yaml")
@@ -126,10 +127,11 @@ def matmul_peak_tflops(n: int = 8192, iters: int = 50) -> float:
 
 
 def flops_per_token(cfg: Config) -> float:
-    """nanoGPT's estimate: 6N for the parameter matmuls (forward + backward) plus 12·L·d·T for attention."""
+    """nanoGPT's estimate: 6N for the parameter matmuls (forward + backward) plus 12·L·d·T for attention, N
+    without the input embedding (a lookup, no matmul) unless the head shares it."""
     m = cfg.model
-    params = sum(p.numel() for p in DecoderLM(m).parameters()) - m.seq_len * m.d_model  # no position table
-    return 6 * params + 12 * m.n_layers * m.d_model * m.seq_len
+    lookup = 0 if m.tie_embeddings else m.vocab_size * m.d_model
+    return 6 * (parameter_count(cfg) - lookup) + 12 * m.n_layers * m.d_model * m.seq_len
 
 
 class _PlainLoss(torch.nn.Module):
