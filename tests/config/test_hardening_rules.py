@@ -57,7 +57,7 @@ REFUSED: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("config-dotdot", _job("trainerConfig", "../../pyproject.toml"), "workloads[0].trainerConfig", "no folders"),
     ("config-subfolder", _job("trainerConfig", "configs/tiny.yaml"), "workloads[0].trainerConfig", "no folders"),
     ("config-dotdot-yaml", _job("trainerConfig", "../configs/tiny.yaml"), "workloads[0].trainerConfig",
-     "available: gpt-small.yaml, tiny.yaml"),
+     "available: " + ", ".join(sorted(p.name for p in TRAINER_CONFIGS_DIR.glob("*.yaml")))),
     ("config-hidden", _job("trainerConfig", ".tiny.yaml"), "workloads[0].trainerConfig", "no folders"),
     ("config-not-yaml", _job("trainerConfig", "README.md"), "workloads[0].trainerConfig", "available:"),
     ("config-backslash", _job("trainerConfig", "..\\..\\x.yaml"), "workloads[0].trainerConfig", "no folders"),
