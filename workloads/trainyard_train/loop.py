@@ -151,7 +151,6 @@ class Trainer:
         self.stop = StopRequest(cfg.shutdown.grace_period_s)
         self.progress = ProgressLog(cfg.progress_file if env.is_main else None)
         self.metrics = TrainMetrics()
-        self._memory_reported = False
         self.step = 0
         self.samples = 0
         """The data position: samples consumed, the same number at every world size (and if the global
@@ -236,7 +235,7 @@ class Trainer:
 
     # -- training ---------------------------------------------------------------------------------
 
-    def _train_step(self) -> tuple[float, bool]:
+    def _train_step(self, report_memory: bool = False) -> tuple[float, bool]:
         cfg, device = self.cfg, self.rt.device
         batches = self.loader.step_batches(self.samples)
         if self.trace_file is not None:
@@ -246,7 +245,7 @@ class Trainer:
             self.model.clip_grad_norm_(cfg.optim.grad_clip)
         for optimizer in self.optimizers:
             optimizer.step()
-        if not self._memory_reported:
+        if report_memory:
             self._report_memory()  # now every rank holds its parameters, gradients and optimizer state
         for scheduler in self.schedulers:
             scheduler.step()
@@ -256,13 +255,14 @@ class Trainer:
         self.samples += cfg.train.global_batch_size
         # Each rank's loss is its share of the step's mean (zero where not reported): the sum is the mean.
         stats = torch.stack([loss, torch.tensor(float(self.stop.requested), device=device)])
-        dist.all_reduce(stats, group=self.rt.device_group)
+        if self.rt.env.world_size > 1:  # alone, the rank's own loss and vote are already the answer
+            dist.all_reduce(stats, group=self.rt.device_group)
         mean_loss, votes = stats.tolist()  # the step's one host sync
         return mean_loss, votes > 0
 
     def _report_memory(self) -> None:
-        """Once per run, in the first step: the bytes each rank holds, by layout (benches, planner checks)."""
-        self._memory_reported = True
+        """Once per run: the bytes each rank holds, by layout (benches, planner checks). In the second step, so
+        the CUDA peak includes a forward and backward with the optimizer state allocated."""
         held: dict[str, Any] = self.model.local_bytes(self.optimizers)
         if self.rt.device.type == "cuda":
             held["max_allocated"] = torch.cuda.max_memory_allocated()
@@ -306,9 +306,10 @@ class Trainer:
             self.metrics.serve(port)
         last_saved = self.step if resumed else None
         stopped = False
+        report_at = min(self.step + 2, cfg.train.steps)
         while self.step < cfg.train.steps:
             started = time.perf_counter()
-            loss, stopped = self._train_step()
+            loss, stopped = self._train_step(report_memory=self.step + 1 == report_at)
             elapsed = time.perf_counter() - started
             if not math.isfinite(loss):  # the same mean on every rank: all stop here, nothing saved
                 raise ConfigError(f"optim.lr: the loss is {loss} at step {self.step}; training diverged "

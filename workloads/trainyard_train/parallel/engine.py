@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..distributed import Runtime
 from ..layout import Layout, MicroBatchPlan
 from ..loss import IGNORE_INDEX
@@ -83,6 +83,9 @@ class ParallelModel:
         else:
             self.parts = [self._build_ddp()]
         self.reports_loss = self.has_last and self.tp_rank == 0
+        self.params = [p for part in self.parts for p in part.parameters()]
+        for part in self.parts:
+            part.train()  # once: the loop never evaluates (and walking the modules every step costs)
 
     # -- building -----------------------------------------------------------------------------------------
 
@@ -117,6 +120,11 @@ class ParallelModel:
 
     def _build_fsdp(self, param_dtype: torch.dtype | None) -> list[DecoderLM]:
         cfg, layout = self.cfg, self.layout
+        if cfg.perf.compile and layout.tp > 1 and self.rt.device.type == "cpu":
+            # Found in torch 2.13 (topology-and-parallelism.md B.3): "'Tensor' object has no attribute
+            # '_local_tensor'" in DTensor's backward. Unverified on CUDA, where it stays allowed.
+            raise ConfigError("perf.compile: compiled blocks fail under tensor parallelism on CPU (DTensor backward); "
+                              "set perf.compile=false or parallel.tp=1")
         self.mesh = mesh = build_mesh(layout, self.rt.device.type)
         self.tp_rank = mesh["tp"].get_local_rank()
         dp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
@@ -174,8 +182,6 @@ class ParallelModel:
 
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Run the step's micro-batches; this rank's share of the step's mean loss (0 where not reported)."""
-        for part in self.parts:
-            part.train()
         total = self._pipelined(batches) if self._schedule is not None else self._accumulated(batches)
         if not self.reports_loss:
             return torch.zeros((), device=self.rt.device)
@@ -214,7 +220,7 @@ class ParallelModel:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient: sharded norms are reduced (DTensor), and under
         pipelining the squared norms of the stages are summed (torchtitan distributed/utils.py)."""
-        params = [p for part in self.parts for p in part.parameters() if p.grad is not None]
+        params = [p for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
@@ -254,7 +260,7 @@ class ParallelModel:
             local = _local(t)
             return local.numel() * local.element_size()
 
-        params = [p for part in self.parts for p in part.parameters()]
+        params = self.params
         state = [v for o in optimizers for s in o.state.values() for v in s.values()
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
         return {
@@ -268,7 +274,7 @@ class ParallelModel:
         unsharded gradient of its TP-local parameters)."""
         if self.layout.dp == 1:
             return 0
-        local = sum(_local(p).numel() for part in self.parts for p in part.parameters())
+        local = sum(_local(p).numel() for p in self.params)
         return 4 * local * (self.layout.dp_shard if self.layout.fsdp else 1)
 
     @property
