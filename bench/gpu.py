@@ -1,12 +1,15 @@
 """The trainer on this machine's accelerator: speed against a plain compiled loop, and a one-command check.
 
-    .venv/bin/python bench/gpu.py            # numbers: matmul peak, trainer tokens/s + MFU, the peer, checkpoints
+    .venv/bin/python bench/gpu.py            # numbers: matmul peak, tokens/s + MFU vs the peer, FSDP2 vs DDP,
+                                             #   the planner vs measured memory, checkpoint blocking
     .venv/bin/python bench/gpu.py --check    # pass/fail: sync/async checkpoints, resume, worker kill, PowerSGD
 
 On CUDA it uses gpt-small.yaml (124M parameters, bf16, torch.compile) on generated data and NCCL; without
 CUDA it runs the same steps on tiny.yaml with gloo, and says which GPU-only parts it skipped, so the
 script is exercised on every CPU machine too. MFU uses nanoGPT's estimate (flops per token
-6N + 12·L·d·T, N without position embeddings) against the bf16 matmul peak measured here, not a datasheet.
+6N + 12·L·d·T, N without the input embedding) against the bf16 matmul peak measured here, not a datasheet.
+The memory lines compare the planner (planner.py, without its fixed reserve for the CUDA context and NCCL) with
+what the run held: its model states, and on CUDA torch.cuda.max_memory_allocated after the first step.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workloads"))
 from trainyard_train.config import Config, load_config  # noqa: E402
 from trainyard_train.model import DecoderLM  # noqa: E402
-from trainyard_train.planner import parameter_count  # noqa: E402
+from trainyard_train.planner import GiB, estimate, parameter_count  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.yaml")
@@ -177,19 +180,37 @@ def peer_seconds_per_step(cfg: Config, steps_: int = 30) -> float:
     return statistics.median(times)
 
 
+def memory_line(cfg: Config, events: list[dict[str, Any]], label: str) -> None:
+    """The planner's estimate for one rank beside what the run measured (max_memory_allocated on CUDA)."""
+    held = next(e for e in events if e["event"] == "memory")["ranks"][0]
+    plan = estimate(cfg, world_size=1, local_world_size=1, device_type="cuda" if CUDA else "cpu", overhead_bytes=0)
+    states = held["params"] + held["grads"] + held["optimizer"]
+    line = (f"memory {label}: model states measured {states / GiB:.3f} GiB, planned {plan.states / GiB:.3f}; "
+            f"planned total without the fixed reserve {plan.total / GiB:.3f} GiB")
+    if "max_allocated" in held:
+        measured = held["max_allocated"]
+        print(f"{line}; torch.cuda.max_memory_allocated {measured / GiB:.3f} GiB (planned / measured "
+              f"{plan.total / measured:.2f}x)")
+    else:
+        print(line)
+        skip(f"torch.cuda.max_memory_allocated for {label}")
+
+
 def numbers(root: Path) -> None:
     cfg = load_config(CONFIG, [*COMMON, *BATCH])
     tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len
     device = torch.cuda.get_device_name() if CUDA else "CPU"
-    print(f"device: {device}; torch {torch.__version__}; config {CONFIG.name}; {tokens_per_step} tokens/step")
+    print(f"device: {device}; torch {torch.__version__}; config {CONFIG.name} ({parameter_count(cfg) / 1e6:.1f}M "
+          f"parameters); {tokens_per_step} tokens/step")
     peak = matmul_peak_tflops() if CUDA else None
     if peak is None:
         skip("bf16 matmul peak")
     else:
         print(f"bf16 matmul peak (8192^3): {peak:.0f} TFLOP/s")
-    trainer = median_step_seconds(finish(root / "speed", ["train.steps=40", "checkpoint.interval_steps=1000"]))
+    speed = finish(root / "speed", ["train.steps=40", "checkpoint.interval_steps=1000"])
+    trainer = median_step_seconds(speed)
     trainer_tps = tokens_per_step / trainer
-    print(f"trainer: {trainer_tps:,.0f} tokens/s ({trainer * 1000:.1f} ms/step)", end="")
+    print(f"trainer (DDP layout, one process): {trainer_tps:,.0f} tokens/s ({trainer * 1000:.1f} ms/step)", end="")
     if peak is not None:
         achieved = flops_per_token(cfg) * trainer_tps / 1e12
         print(f", {achieved:.0f} TFLOP/s, MFU {achieved / peak:.1%} of the measured peak")
@@ -199,6 +220,13 @@ def numbers(root: Path) -> None:
     peer_tps = tokens_per_step / peer_seconds_per_step(cfg)
     kind = "torch.compile + fused AdamW + TF32 + bf16" if CUDA else "eager fp32 on CPU, not compiled"
     print(f"peer (plain loop, {kind}): {peer_tps:,.0f} tokens/s; trainer / peer: {trainer_tps / peer_tps:.2f}x")
+    memory_line(cfg, speed, "DDP layout")
+    fsdp_overrides = ["train.steps=40", "checkpoint.interval_steps=1000", "parallel.data_parallel=fsdp"]
+    fsdp_events = finish(root / "fsdp", fsdp_overrides)
+    fsdp = median_step_seconds(fsdp_events)
+    print(f"FSDP2 on one {'GPU' if CUDA else 'process'}: {tokens_per_step / fsdp:,.0f} tokens/s "
+          f"({fsdp * 1000:.1f} ms/step); FSDP2 / DDP-layout step time: {fsdp / trainer:.2f}x")
+    memory_line(load_config(CONFIG, [*COMMON, *BATCH, *fsdp_overrides]), fsdp_events, "FSDP2")
     for async_save in (False, True):
         events = finish(
             root / f"ckpt-{async_save}",
@@ -210,6 +238,8 @@ def numbers(root: Path) -> None:
             f"checkpoint {mode}: blocks the step {statistics.median(blocking):.3f} s per save (median of "
             f"{len(blocking)}; one step is {median_step_seconds(events):.3f} s)"
         )
+    if torch.cuda.device_count() < 2:
+        skip("tensor parallelism and compile + TP (one device: bench/layouts.py runs the layouts on gloo)")
 
 
 # -- check --------------------------------------------------------------------------------------------------
