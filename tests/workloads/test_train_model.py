@@ -75,3 +75,21 @@ def test_precision_follows_the_perf_keys() -> None:
         parse_config({"perf": {"precision": "fp16"}})
     with pytest.raises(ConfigError, match=r"^perf.loss_chunk_tokens: must be >= 1"):
         parse_config({"perf": {"loss_chunk_tokens": 0}})
+
+
+def test_one_chunk_and_many_chunks_give_the_same_loss_and_gradients() -> None:
+    """A micro-batch within one chunk takes PyTorch's cross-entropy, a larger one the chunked loss: same numbers."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (3, 33))
+    targets = tokens[:, 1:].clone()
+    targets[2] = IGNORE_INDEX  # a padding row
+    results = []
+    for chunk in (4096, 10):
+        model = DecoderLM(ModelConfig(), loss_chunk_tokens=chunk)
+        loss = model(tokens[:, :-1], targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (plain, plain_grads), (chunked, chunked_grads) = results
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-5)
+    for got, want in zip(chunked_grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -89,7 +89,9 @@ class Block(nn.Module):
 
 class OutputHead(nn.Linear):
     """The vocabulary projection. Called with targets it returns the summed cross-entropy of the tokens whose
-    target is not IGNORE_INDEX, a chunk of tokens at a time (loss.py), and never holds the full logits."""
+    target is not IGNORE_INDEX, holding the logits of at most ``loss_chunk_tokens`` tokens at once: a micro-batch
+    within one chunk takes PyTorch's own cross-entropy (fewer kernels; its logits are that one chunk's), a larger
+    one the chunked loss of loss.py."""
 
     def __init__(self, d_model: int, vocab_size: int, loss_chunk_tokens: int) -> None:
         super().__init__(d_model, vocab_size, bias=False)
@@ -98,7 +100,11 @@ class OutputHead(nn.Linear):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
             return super().forward(hidden)
-        return linear_cross_entropy(hidden.flatten(0, 1), self.weight, targets.flatten(), self.loss_chunk_tokens)
+        hidden, targets = hidden.flatten(0, 1), targets.flatten()
+        if len(targets) <= self.loss_chunk_tokens:
+            logits = super().forward(hidden).float()
+            return functional.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        return linear_cross_entropy(hidden, self.weight, targets, self.loss_chunk_tokens)
 
 
 class DecoderLM(nn.Module):

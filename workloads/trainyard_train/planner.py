@@ -29,9 +29,10 @@ bf16, DDP computes under bf16 autocast):
   without pipelining (accumulation frees each before the next); on the first pipeline rank min(pp, m) for
   1F1B-like schedules, m for GPipe and LoopedBFS, pp(1 + (pp-1)/(pp v)) for interleaved ones (Narayanan et al.
   2021, arXiv 2104.04473 §2.2), pp + 1 for DualPipeV (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2).
-- Logits: the chunked loss (no TP, no PP) holds one chunk's fp32 logits and keeps the hidden and head-weight
-  gradients it formed (loss.py); otherwise the micro-batch's logits in the compute dtype, their fp32 upcast and the
-  fp32 log-softmax cross-entropy saves (divided by tp under the vocabulary-parallel loss).
+- Logits: the chunked loss (no TP, no PP, a micro-batch of more than perf.loss_chunk_tokens tokens) holds one
+  chunk's fp32 logits and keeps the hidden and head-weight gradients it formed (loss.py); otherwise the
+  micro-batch's logits in the compute dtype, their fp32 upcast and the fp32 log-softmax cross-entropy saves
+  (divided by tp under the vocabulary-parallel loss).
 - Overhead: CUDA context, NCCL buffers and allocator slack, a fixed reserve (OVERHEAD_BYTES) to be measured per
   pool: bench/gpu.py prints this estimate beside torch.cuda.max_memory_allocated.
 """
@@ -208,20 +209,26 @@ def estimate_rank(
         + compute * 2 * d  # the two normalised projection inputs (all-gathered under tp)
         + compute * (2 * d + 2 * kv + d) / tp  # q, k, v, attention output, wo input
         + compute * 4 * f / tp  # w1, w3, silu(w1), their product
-    ) + 4 * b * s * m.n_heads / tp  # SDPA's fp32 logsumexp per query row and head
+    ) + 4 * b * s * (m.n_heads + 2) / tp  # fp32 per row: SDPA's logsumexp per head, each norm's rstd
     # Full recompute keeps each block's (sequence-sharded) input, and one block's worth while recomputing.
     full_ac = cfg.parallel.ac == "full"
     kept = n_layers * b * s * residual * d / tp + per_layer if full_ac else n_layers * per_layer
     activations = int(kept * _in_flight(layout, plan, pp_rank))
 
+    tokens = b * s
+    if any(t.name == "tok_embeddings.weight" for t in held):
+        activations += 8 * tokens  # the int64 token ids the embedding's backward indexes with
     logits = 0
     if any(t.name == "norm.weight" for t in held):
-        tokens = b * s
-        if tp == 1 and layout.pp == 1:
-            chunk = min(cfg.perf.loss_chunk_tokens, tokens)
-            logits = chunk * m.vocab_size * (4 + compute) + tokens * d * compute + m.vocab_size * d * (4 + gather)
+        # The final norm's input and rstd, and the int64 targets the loss keeps.
+        logits = tokens * (residual * d * norm_saves // tp + 4 + 8)
+        if tp == 1 and layout.pp == 1 and tokens > cfg.perf.loss_chunk_tokens:
+            chunk = cfg.perf.loss_chunk_tokens
+            logits += chunk * m.vocab_size * (4 + compute) + tokens * d * compute + m.vocab_size * d * (4 + gather)
         else:
-            logits = tokens * m.vocab_size * (compute + 4 + 4) // tp
+            # Logits in the compute dtype, their fp32 upcast (none when they are fp32) and the saved log-softmax.
+            upcast = 4 if compute != 4 else 0
+            logits += tokens * m.vocab_size * (compute + upcast + 4) // tp
 
     reserve = OVERHEAD_BYTES if device_type == "cuda" else 0
     return MemoryEstimate(
