@@ -15,6 +15,7 @@ what the run held: its model states, and on CUDA torch.cuda.max_memory_allocated
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -34,8 +35,10 @@ from torch.nn import functional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workloads"))
 from trainyard_train.config import Config, load_config  # noqa: E402
+from trainyard_train.distributed import DistEnv, destroy_distributed, init_distributed  # noqa: E402
+from trainyard_train.loop import Trainer  # noqa: E402
 from trainyard_train.model import DecoderLM  # noqa: E402
-from trainyard_train.planner import GiB, estimate, parameter_count  # noqa: E402
+from trainyard_train.planner import estimate, parameter_count  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.yaml")
@@ -43,6 +46,7 @@ CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.y
 BATCH = ["train.micro_batch_size=16", "train.global_batch_size=64"] if CUDA else []
 COMMON = ["data.path=data", "data.generate=true", "metrics.port=0", "train.log_every=1", "comm.hook=allreduce"]
 WARMUP_STEPS = 10  # compile, allocator warm-up, DDP bucket rebuild
+MiB = 2**20
 
 
 def skip(what: str) -> None:
@@ -149,35 +153,57 @@ class _PlainLoss(torch.nn.Module):
         return functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def peer_seconds_per_step(cfg: Config, steps_: int = 30) -> float:
+class Peer:
     """A plain best-practice loop on the same model and batch, no DDP: on CUDA torch.compile, fused AdamW,
     TF32 and bf16; on CPU the same loop eager in fp32 (compiling on CPU takes minutes)."""
-    device = torch.device("cuda" if CUDA else "cpu")
-    if CUDA:
-        torch.set_float32_matmul_precision("high")
-    model = DecoderLM(cfg.model).to(device)
-    plain = _PlainLoss(model)
-    compiled = torch.compile(plain) if CUDA else plain
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, fused=True)
-    micro, accum = cfg.train.micro_batch_size, cfg.train.global_batch_size // cfg.train.micro_batch_size
-    tokens = torch.randint(0, cfg.model.vocab_size, (accum, micro, cfg.model.seq_len + 1), device=device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=CUDA)
-    times = []
-    for step in range(steps_):
+
+    def __init__(self, cfg: Config) -> None:
+        device = torch.device("cuda" if CUDA else "cpu")
         if CUDA:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        for i in range(accum):
-            with autocast:
-                loss = compiled(tokens[i, :, :-1], tokens[i, :, 1:])
-            (loss / accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            torch.set_float32_matmul_precision("high")
+        self.model = DecoderLM(cfg.model).to(device)
+        plain = _PlainLoss(self.model)
+        self.compiled = torch.compile(plain) if CUDA else plain
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                           fused=True)
+        self.micro, self.accum = cfg.train.micro_batch_size, cfg.train.global_batch_size // cfg.train.micro_batch_size
+        self.tokens = torch.randint(0, cfg.model.vocab_size, (self.accum, self.micro, cfg.model.seq_len + 1),
+                                    device=device)
+
+    def step(self) -> None:
+        for i in range(self.accum):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=CUDA):
+                loss = self.compiled(self.tokens[i, :, :-1], self.tokens[i, :, 1:])
+            (loss / self.accum).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         loss.item()  # one host sync per step, as the trainer's
-        if step >= WARMUP_STEPS:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+
+
+def timed(step: Any) -> float:
+    if CUDA:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    step()
+    return time.perf_counter() - started
+
+
+def interleaved_seconds(cfg: Config, root: Path, steps_: int = 200) -> tuple[float, float]:
+    """Median step seconds of the trainer's own step (Trainer._train_step, in this process, one rank) and of the
+    peer, one step of each in turn: both see the same machine load, which on a shared CPU swings from one
+    second to the next far more than the difference being measured."""
+    peer = Peer(cfg)
+    runtime = init_distributed(DistEnv.from_env({}), timeout_s=600)
+    try:
+        trainer = Trainer(dataclasses.replace(cfg, run_dir=str(root / "interleaved")), runtime)
+        ours, theirs = [], []
+        for _ in range(steps_):
+            ours.append(timed(trainer._train_step))
+            theirs.append(timed(peer.step))
+        return statistics.median(ours[WARMUP_STEPS:]), statistics.median(theirs[WARMUP_STEPS:])
+    finally:
+        destroy_distributed()
 
 
 def memory_line(cfg: Config, events: list[dict[str, Any]], label: str) -> None:
@@ -185,11 +211,11 @@ def memory_line(cfg: Config, events: list[dict[str, Any]], label: str) -> None:
     held = next(e for e in events if e["event"] == "memory")["ranks"][0]
     plan = estimate(cfg, world_size=1, local_world_size=1, device_type="cuda" if CUDA else "cpu", overhead_bytes=0)
     states = held["params"] + held["grads"] + held["optimizer"]
-    line = (f"memory {label}: model states measured {states / GiB:.3f} GiB, planned {plan.states / GiB:.3f}; "
-            f"planned total without the fixed reserve {plan.total / GiB:.3f} GiB")
+    line = (f"memory {label}: model states measured {states / MiB:.1f} MiB, planned {plan.states / MiB:.1f}; "
+            f"planned total without the fixed reserve {plan.total / MiB:.1f} MiB")
     if "max_allocated" in held:
         measured = held["max_allocated"]
-        print(f"{line}; torch.cuda.max_memory_allocated {measured / GiB:.3f} GiB (planned / measured "
+        print(f"{line}; torch.cuda.max_memory_allocated {measured / MiB:.1f} MiB (planned / measured "
               f"{plan.total / measured:.2f}x)")
     else:
         print(line)
@@ -217,9 +243,10 @@ def numbers(root: Path) -> None:
     else:
         print()
         skip("MFU")
-    peer_tps = tokens_per_step / peer_seconds_per_step(cfg)
+    ours, theirs = interleaved_seconds(cfg, root)
     kind = "torch.compile + fused AdamW + TF32 + bf16" if CUDA else "eager fp32 on CPU, not compiled"
-    print(f"peer (plain loop, {kind}): {peer_tps:,.0f} tokens/s; trainer / peer: {trainer_tps / peer_tps:.2f}x")
+    print(f"peer (plain loop, {kind}): {tokens_per_step / theirs:,.0f} tokens/s; trainer / peer: "
+          f"{theirs / ours:.2f}x ({ours * 1000:.2f} vs {theirs * 1000:.2f} ms/step, alternating steps in one process)")
     memory_line(cfg, speed, "DDP layout")
     fsdp_overrides = ["train.steps=40", "checkpoint.interval_steps=1000", "parallel.data_parallel=fsdp"]
     fsdp_events = finish(root / "fsdp", fsdp_overrides)
