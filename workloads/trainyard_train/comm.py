@@ -1,14 +1,28 @@
-"""DDP gradient communication (DDP's own all-reduce, or PowerSGD) and how many bytes it sends.
+"""DDP gradient communication and how many bytes it sends: DDP's own all-reduce, PowerSGD, or one of two
+error-feedback compressors (QSGD, top-k) as DDP communication hooks.
 
 Plain all-reduce stays on DDP's built-in C++ path: no Python comm hook, nothing wrapped. Its traffic per
 optimizer step is known without watching it: every gradient is all-reduced once (accumulation steps run
 under ``no_sync``), so the meter reports the gradient bytes. PowerSGD is a Python hook anyway; a thin
 wrapper around it adds up, per bucket, the bytes the hook is about to send, from the same rule the hook
 uses to decide what to compress. Nothing process-wide is patched.
+
+QSGD (Alistarh et al. 2017, arXiv:1610.02132) and top-k sparsification (Aji and Heafield 2017, arXiv:1704.05021;
+with error feedback as in Stich et al. 2018, arXiv:1809.07599) are not in torch 2.13's ddp_comm_hooks. Both keep
+each rank's residual, the part of its gradient not yet sent, and add it to the next step's gradient (error
+feedback: what one step drops, a later one sends). Their payloads cannot be summed in flight (each rank has its own
+scale, or its own indices), so each rank's payload is all-gathered and decoded by everyone: per bucket of n
+values, QSGD sends n signed bytes plus its float32 norm (about 4x less than all-reduce), top-k 8 bytes per kept
+value (k = ratio x n). The residuals are rank-local and start from zero after a resume.
+
+PowerSGD on gloo aborts the process (SIGABRT) once the gradients fill more than one DDP bucket
+(pytorch/pytorch#58467; reproduced with torch 2.13: a model over DDP's 1 MiB first bucket dies at the first
+compressed step), so on gloo it is refused for such models with a ConfigError; NCCL is not affected.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -17,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import CommConfig
+from .config import CommConfig, ConfigError
 
 
 class GradCommMeter:
@@ -73,6 +87,15 @@ def register_grad_hook(
         # DDP's built-in reduction: the fastest path, nothing to register; every gradient goes once per step.
         return None, GradCommMeter(gradient_bytes(model.module))
     meter = GradCommMeter()
+    if cfg.hook in ("qsgd", "topk"):
+        register_compression(model, cfg, group, meter)
+        return None, meter
+    grad_bytes = gradient_bytes(model.module)
+    if dist.get_backend(group) == "gloo" and grad_bytes > dist._DEFAULT_FIRST_BUCKET_BYTES:
+        raise ConfigError(
+            f"comm.hook: powersgd on gloo aborts once gradients span more than one DDP bucket "
+            f"(pytorch/pytorch#58467); this model has {grad_bytes / 2**20:.1f} MiB of gradients, over the "
+            f"{dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20:.0f} MiB first bucket: use allreduce, qsgd or topk on CPU")
     state = powerSGD_hook.PowerSGDState(
         process_group=group,
         matrix_approximation_rank=cfg.powersgd_rank,
@@ -92,6 +115,21 @@ def register_grad_hook(
     return state, meter
 
 
+def register_compression(
+    model: DistributedDataParallel, cfg: CommConfig, group: dist.ProcessGroup, meter: GradCommMeter
+) -> ErrorFeedback:
+    """Register the QSGD or top-k hook; returns its state (the residuals)."""
+    feedback = ErrorFeedback(group, meter, levels=cfg.qsgd_levels, ratio=cfg.topk_ratio)
+    hook = qsgd_hook if cfg.hook == "qsgd" else topk_hook
+
+    def compressed(state: ErrorFeedback, bucket: dist.GradBucket) -> Any:
+        return hook(state, bucket)
+
+    compressed.__annotations__.clear()  # see metered_powersgd in register_grad_hook
+    model.register_comm_hook(feedback, compressed)
+    return feedback
+
+
 def powersgd_state_blob(state: powerSGD_hook.PowerSGDState) -> dict[str, Any]:
     """The hook's own serializable state (error feedback, warm-start P/Q, iter, RNG), minus the group."""
     return {slot: getattr(state, slot) for slot in state.__slots__ if slot != "process_group"}
@@ -101,3 +139,78 @@ def restore_powersgd_state(state: powerSGD_hook.PowerSGDState, blob: dict[str, A
     """In place, so the hook already registered with DDP keeps its object and its process group."""
     for slot, value in blob.items():
         setattr(state, slot, value)
+
+
+class ErrorFeedback:
+    """A compression hook's state: each bucket's residual (keyed by bucket index; DDP rebuilds its buckets after the
+    first step, so a residual whose shape no longer matches starts over) and what the payload is sized by."""
+
+    def __init__(self, group: dist.ProcessGroup, meter: GradCommMeter, *, levels: int, ratio: float) -> None:
+        self.group = group
+        self.meter = meter
+        self.levels = levels
+        self.ratio = ratio
+        self.residuals: dict[int, torch.Tensor] = {}
+
+    def corrected(self, bucket: dist.GradBucket) -> torch.Tensor:
+        """This step's gradient plus what earlier steps left unsent (float32)."""
+        grad = bucket.buffer().float()
+        residual = self.residuals.get(bucket.index())
+        return grad + residual if residual is not None and residual.shape == grad.shape else grad.clone()
+
+    def gather(self, bucket: dist.GradBucket, payload: torch.Tensor,
+               decode: Any) -> torch.futures.Future[torch.Tensor]:
+        """All-gather every rank's payload; ``decode(payloads)`` gives the summed gradient for the bucket."""
+        self.meter.record(payload.numel() * payload.element_size())
+        world = dist.get_world_size(self.group)
+        payloads = [torch.empty_like(payload) for _ in range(world)]
+        work = dist.all_gather(payloads, payload, group=self.group, async_op=True)
+        assert work is not None
+        buffer = bucket.buffer()
+
+        def done(fut: torch.futures.Future[Any]) -> torch.Tensor:
+            fut.wait()
+            buffer.copy_(decode(payloads) / world)
+            return buffer
+
+        return work.get_future().then(done)
+
+
+def qsgd_hook(state: ErrorFeedback, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """QSGD with s = ``levels``: each value becomes sign x a level in 0..s of the bucket's L2 norm, rounded up or
+    down at random so that the expectation is the value itself; one signed byte per value, plus the norm."""
+    x = state.corrected(bucket)
+    norm = x.norm()
+    scaled = x.abs() / norm * state.levels if norm > 0 else torch.zeros_like(x)
+    levels = torch.floor(scaled + torch.rand_like(scaled)).clamp_(max=state.levels)
+    quantized = (levels * x.sign()).to(torch.int8)
+    state.residuals[bucket.index()] = x - quantized.float() * (norm / state.levels)
+    payload = torch.cat([norm.reshape(1).float().view(torch.int8), quantized])
+
+    def decode(payloads: list[torch.Tensor]) -> torch.Tensor:
+        total = torch.zeros_like(x)
+        for p in payloads:
+            total.add_(p[4:].float(), alpha=float(p[:4].view(torch.float32)) / state.levels)
+        return total
+
+    return state.gather(bucket, payload, decode)
+
+
+def topk_hook(state: ErrorFeedback, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Top-k: the ``ratio`` share of values largest in magnitude, as (int32 index, float32 value) pairs."""
+    x = state.corrected(bucket)
+    k = max(1, math.ceil(state.ratio * x.numel()))
+    indices = x.abs().topk(k, sorted=False).indices
+    values = x[indices]
+    residual = x.clone()
+    residual[indices] = 0
+    state.residuals[bucket.index()] = residual
+    payload = torch.cat([indices.to(torch.int32), values.view(torch.int32)])
+
+    def decode(payloads: list[torch.Tensor]) -> torch.Tensor:
+        total = torch.zeros_like(x)
+        for p in payloads:
+            total.index_add_(0, p[:k].long(), p[k:].view(torch.float32))
+        return total
+
+    return state.gather(bucket, payload, decode)

@@ -239,15 +239,23 @@ class CheckpointConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CommConfig:
-    hook: Literal["allreduce", "powersgd"] = "allreduce"
+    hook: Literal["allreduce", "powersgd", "qsgd", "topk"] = "allreduce"
+    """qsgd and topk: error-feedback compression hooks (comm.py)."""
     powersgd_rank: int = 4
     powersgd_start_iter: int = 10
     """Plain all-reduce for the first steps: DDP rebuilds buckets after step 1 and early gradients matter."""
     powersgd_min_compression_rate: float = 2.0
+    qsgd_levels: int = 127
+    """Quantization levels per sign (QSGD's s); up to 127, one signed byte per gradient value."""
+    topk_ratio: float = 0.01
+    """Fraction of each bucket's gradient values sent (the largest in magnitude)."""
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _require(self.hook in ("allreduce", "powersgd"), "comm.hook", "must be 'allreduce' or 'powersgd'")
+        hooks = typing.get_args(typing.get_type_hints(CommConfig)["hook"])
+        _require(self.hook in hooks, "comm.hook", f"must be one of {list(hooks)}")
+        _require(1 <= self.qsgd_levels <= 127, "comm.qsgd_levels", "must be in [1, 127] (one signed byte)")
+        _require(0.0 < self.topk_ratio <= 1.0, "comm.topk_ratio", "must be in (0, 1]")
         _require(self.powersgd_rank >= 1, "comm.powersgd_rank", "must be >= 1")
         _require(self.powersgd_start_iter >= 2, "comm.powersgd_start_iter", "PowerSGD needs >= 2 warm-up steps")
         _require(self.powersgd_min_compression_rate >= 1, "comm.powersgd_min_compression_rate", "must be >= 1")
