@@ -28,6 +28,7 @@ import re
 import sys
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from trainyard.safe_paths import UnsafePathError, check_root, inside, relative_parts, write_file
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "tools" / "upstream.lock.yaml"
@@ -45,13 +47,21 @@ STAMP = ".verified"
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TIMEOUT_S = 60
 CRD_SCHEMA = "crd-schema"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# build() reads the group, kind and version of a converted CRD from its path.
+_CRD_PATH = re.compile(r"crds/[^/]+/[^/]+_[^/_]+\.json")
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class UpstreamError(Exception):
     """Missing or mismatched upstream data; the message says which files and what to run."""
 
 
-class DownloadError(UpstreamError):
+class DataError(UpstreamError):
+    """The cache lacks files or holds files that differ from the lock: fetching them again is the fix."""
+
+
+class DownloadError(DataError):
     """A source URL could not be read."""
 
 
@@ -72,20 +82,105 @@ class Tree:
     listing_sha256: str  # chart-src/LISTING.md: sha256 over "<sha256>  <relative path>\n", sorted by path
 
 
+def _lock_document(lock: Path) -> dict[str, Any]:
+    """The lock as plain data, or UpstreamError: it arrives in pull requests, so it may use no YAML alias (a "billion
+    laughs" lock would exhaust memory; write_lock never writes one)."""
+    try:
+        text = lock.read_text(encoding="utf-8")
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_Loader)):
+            raise UpstreamError(f"{lock}: uses a YAML alias; the lock is plain data (rewrite it with `lock`)")
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader: yaml.CSafeLoader or yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise UpstreamError(f"{lock}: cannot be read as YAML ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list) \
+            or not isinstance(data.get("trees") or [], list):
+        raise UpstreamError(f"{lock}: expected a map with a 'files:' list (and optionally a 'trees:' list)")
+    return data
+
+
 def load_lock(lock: Path = LOCK) -> list[Entry]:
-    data = yaml.safe_load(lock.read_text(encoding="utf-8"))
-    return [Entry(**item) for item in data["files"]]
+    """The lock's file entries, or UpstreamError listing every entry sync would refuse to act on: each path stays
+    inside the cache (trainyard.safe_paths) and each source is an https URL."""
+    entries: list[Entry] = []
+    found: list[str] = []
+    for i, item in enumerate(_lock_document(lock)["files"]):
+        try:
+            entries.append(_lock_entry(item))
+        except (UpstreamError, UnsafePathError) as error:
+            found.append(f"files[{i}]: {error}")
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.path in seen:
+            found.append(f"{entry.path}: listed twice")
+        seen.add(entry.path)
+    if found:
+        raise UpstreamError(_report(f"{lock} has entries sync refuses", found))
+    return entries
+
+
+def _lock_entry(item: object) -> Entry:
+    fields = ("path", "url", "sha256")
+    if not isinstance(item, dict) or not set(fields) <= item.keys() <= {*fields, "member", "convert"}:
+        raise UpstreamError("expected path, url, sha256 and optionally member and convert")
+    if not all(isinstance(v, str) for v in item.values()):
+        raise UpstreamError("every field is a string")
+    entry = Entry(**item)
+    relative_parts(entry.path)
+    if entry.path == STAMP:
+        raise UpstreamError(f"{entry.path!r} is the name of sync's own stamp file")
+    url = urllib.parse.urlsplit(entry.url)
+    if url.scheme != "https" or not url.hostname:
+        raise UpstreamError(f"{entry.path}: url {entry.url!r} is not an https URL")
+    if not _SHA256.fullmatch(entry.sha256):
+        raise UpstreamError(f"{entry.path}: sha256 {entry.sha256!r} is not 64 lowercase hex digits")
+    if entry.convert not in (None, CRD_SCHEMA):
+        raise UpstreamError(f"{entry.path}: convert {entry.convert!r}; the only conversion is {CRD_SCHEMA!r}")
+    if entry.convert == CRD_SCHEMA and not _CRD_PATH.fullmatch(entry.path):
+        raise UpstreamError(f"{entry.path}: a converted CRD is named crds/<group>/<kind>_<version>.json")
+    return entry
 
 
 def load_trees(lock: Path = LOCK) -> list[Tree]:
-    data = yaml.safe_load(lock.read_text(encoding="utf-8"))
-    return [Tree(**item) for item in data.get("trees") or ()]
+    """The lock's chart trees, each `chart-src/<chart>/<version>` (sync deletes unlisted files below one)."""
+    trees: list[Tree] = []
+    found: list[str] = []
+    for i, item in enumerate(_lock_document(lock).get("trees") or ()):
+        if not (isinstance(item, dict) and set(item) == {"path", "listing_sha256"}
+                and all(isinstance(v, str) for v in item.values())):
+            found.append(f"trees[{i}]: expected path and listing_sha256")
+            continue
+        tree = Tree(**item)
+        try:
+            relative_parts(tree.path)
+        except UnsafePathError as error:
+            found.append(f"trees[{i}]: {error}")
+            continue
+        if not _TREE_PATH.fullmatch(tree.path):
+            found.append(f"trees[{i}]: {tree.path!a} is not {CHART_SRC}/<chart>/<version>")
+        elif not _SHA256.fullmatch(tree.listing_sha256):
+            found.append(f"trees[{i}]: listing_sha256 is not 64 lowercase hex digits")
+        else:
+            trees.append(tree)
+    if found:
+        raise UpstreamError(_report(f"{lock} has trees sync refuses", found))
+    return trees
+
+
+def tree_files(root: Path) -> list[tuple[str, Path]]:
+    """(path relative to root, path) of every file and link below root; links are listed, never followed."""
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        base = Path(folder)
+        for name in [*files, *(d for d in dirs if (base / d).is_symlink())]:
+            found.append(((base / name).relative_to(root).as_posix(), base / name))
+    return sorted(found)
 
 
 def listing_sha256(root: Path) -> str:
-    """The listing hash of chart-src/LISTING.md: every regular file below root, by path in byte order."""
-    lines = sorted((p.relative_to(root).as_posix(), sha256(p.read_bytes())) for p in root.rglob("*") if p.is_file())
-    return sha256("".join(f"{digest}  {rel}\n" for rel, digest in lines).encode())
+    """The listing hash of chart-src/LISTING.md: every regular file below root, by path in byte order (a link counts
+    as a file no listing holds, so a tree with one never matches)."""
+    lines = [f"{sha256(p.read_bytes()) if not p.is_symlink() else 'link'}  {rel}\n" for rel, p in tree_files(root)]
+    return sha256("".join(lines).encode())
 
 
 def lock_digest(lock: Path = LOCK) -> str:
@@ -166,7 +261,11 @@ def build(entry: Entry, fetch: Any = download) -> bytes:
 def problems(entries: Iterable[Entry], dest: Path) -> list[str]:
     found = []
     for entry in entries:
-        path = dest / entry.path
+        try:
+            path = inside(dest, entry.path)
+        except UnsafePathError as error:
+            found.append(f"{entry.path}: {error}")
+            continue
         if not path.is_file():
             found.append(f"{entry.path}: missing")
         elif sha256(path.read_bytes()) != entry.sha256:
@@ -176,21 +275,49 @@ def problems(entries: Iterable[Entry], dest: Path) -> list[str]:
 
 def tree_problems(trees: Iterable[Tree], dest: Path) -> list[str]:
     """A tree with a file the lock does not list renders differently: its listing hash tells."""
-    return [f"{tree.path}: holds files the lock does not list (its listing sha256 differs)" for tree in trees
-            if (dest / tree.path).is_dir() and listing_sha256(dest / tree.path) != tree.listing_sha256]
+    found = []
+    for tree in trees:
+        try:
+            root = inside(dest, tree.path, folder=True)
+        except UnsafePathError as error:
+            found.append(f"{tree.path}: {error}")
+            continue
+        if root.is_dir() and listing_sha256(root) != tree.listing_sha256:
+            found.append(f"{tree.path}: holds files the lock does not list (its listing sha256 differs)")
+    return found
 
 
 def verify(dest: Path, lock: Path = LOCK) -> None:
     entries = load_lock(lock)
-    found = problems(entries, dest) or tree_problems(load_trees(lock), dest)
+    trees = load_trees(lock)
+    _check_dest(dest)
+    found = problems(entries, dest) or tree_problems(trees, dest)
     if found:
-        raise UpstreamError(_report(f"upstream data in {dest} does not match {lock.name}", found))
-    (dest / STAMP).write_text(lock_digest(lock) + "\n", encoding="utf-8")
+        raise DataError(_report(f"upstream data in {dest} does not match {lock.name}", found))
+    try:
+        write_file(dest, STAMP, (lock_digest(lock) + "\n").encode())
+    except (OSError, UnsafePathError) as error:
+        raise UpstreamError(f"{dest}/{STAMP}: cannot be written ({_reason(error)})") from None
+
+
+def _check_dest(dest: Path) -> None:
+    """The cache folder: a folder or a path where one can be made, never a link (a committed `.upstream` link would
+    send every file elsewhere)."""
+    try:
+        check_root(dest, "--dest")
+    except UnsafePathError as error:
+        raise UpstreamError(str(error)) from None
+
+
+def _reason(error: Exception) -> str:
+    return (error.strerror if isinstance(error, OSError) else None) or str(error)
 
 
 def sync(dest: Path, mirror: Path | None, lock: Path = LOCK, fetch: Any = download) -> tuple[int, int]:
     """Bring every missing or stale file into `dest`; returns (files copied or downloaded, files already there)."""
     entries = load_lock(lock)
+    trees = load_trees(lock)
+    _check_dest(dest)
     stale = {line.split(":")[0] for line in problems(entries, dest)}
     fetch = functools.cache(fetch)  # a packaged chart's files are members of one archive: download it once
     failed = []
@@ -198,35 +325,40 @@ def sync(dest: Path, mirror: Path | None, lock: Path = LOCK, fetch: Any = downlo
         if entry.path not in stale:
             continue
         try:
-            data = (mirror / entry.path).read_bytes() if mirror is not None else build(entry, fetch)
+            data = inside(mirror, entry.path).read_bytes() if mirror is not None else build(entry, fetch)
         except DownloadError:
             raise  # the network is down or the source moved: retrying 170 files would only repeat it
-        except (OSError, UpstreamError, tarfile.TarError, yaml.YAMLError) as error:
-            failed.append(f"{entry.path}: {error}")
+        except (OSError, UpstreamError, UnsafePathError, tarfile.TarError, yaml.YAMLError) as error:
+            failed.append(f"{entry.path}: {_reason(error)}")
             continue
         if sha256(data) != entry.sha256:
             failed.append(f"{entry.path}: sha256 {sha256(data)[:12]}… from {mirror or entry.url}, lock says "
                           f"{entry.sha256[:12]}…")
             continue
-        target = dest / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        try:
+            write_file(dest, entry.path, data)
+        except (OSError, UnsafePathError) as error:
+            failed.append(f"{entry.path}: cannot be written ({_reason(error)})")
     if failed:
         source = f"the mirror {mirror}" if mirror is not None else "the internet"
-        raise UpstreamError(_report(f"could not fill {dest} from {source}", failed))
-    _prune_trees(entries, load_trees(lock), dest)
+        raise DataError(_report(f"could not fill {dest} from {source}", failed))
+    _prune_trees(entries, trees, dest)
     verify(dest, lock)
     return len(stale), len(entries) - len(stale)
 
 
 def _prune_trees(entries: list[Entry], trees: list[Tree], dest: Path) -> None:
-    """Remove files of an older version of a tree from the cache: the lock's files are the whole tree."""
+    """Remove files of an older version of a tree from the cache: the lock's files are the whole tree. Only below
+    the tree itself (checked by trainyard.safe_paths.inside): a link is removed, never followed."""
     locked = {entry.path for entry in entries}
     for tree in trees:
-        root = dest / tree.path
-        for path in sorted(root.rglob("*")) if root.is_dir() else ():
-            if (path.is_file() or path.is_symlink()) and path.relative_to(dest).as_posix() not in locked:
-                path.unlink()
+        try:
+            root = inside(dest, tree.path, folder=True)
+            for rel, path in tree_files(root) if root.is_dir() else ():
+                if f"{tree.path}/{rel}" not in locked:
+                    path.unlink()
+        except (OSError, UnsafePathError) as error:
+            raise UpstreamError(f"{dest}/{tree.path}: cannot be pruned ({_reason(error)})") from None
 
 
 def is_verified(dest: Path, lock: Path = LOCK) -> bool:
@@ -239,37 +371,59 @@ def is_verified(dest: Path, lock: Path = LOCK) -> bool:
 
 # SOURCES.md: a table row per file (file | repo | path[!tgz member] | commit | note), the MIG table in prose.
 _CELL = r"\s*([^|]+?)\s*\|"
-_ROW = re.compile(rf"^\|{_CELL}{_CELL}{_CELL}\s*(?P<commit>[0-9a-f]{{40}})\s*\|\s*([^|]*?)\s*\|$")
+_ROW = re.compile(rf"\|{_CELL}{_CELL}{_CELL}\s*(?P<commit>[0-9a-f]{{40}})\s*\|\s*([^|]*?)\s*\|")
 _MIG = re.compile(r"`(mig-parted/[^`]+)`: ([\w.-]+/[\w.-]+) `([^`]+)` at commit ([0-9a-f]{40})")
 _FIELDS = ("file", "repo", "path", "commit", "note")
 
 
 def pinned_charts(charts: Path = CHARTS) -> set[tuple[str, str]]:
-    releases = yaml.safe_load(charts.read_text(encoding="utf-8"))["releases"]
-    return {(pin["chart"], pin["version"]) for pin in releases.values()}
+    try:
+        releases = yaml.safe_load(charts.read_text(encoding="utf-8"))["releases"]
+        return {(str(pin["chart"]), str(pin["version"])) for pin in releases.values()}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as error:
+        raise UpstreamError(f"{charts}: no releases map of chart and version ({_reason(error)})") from None
 
 
 def needed(path: str, pins: set[tuple[str, str]]) -> bool:
     """Charts only at the versions platform/charts.yaml pins; every CRD schema and the MIG table."""
     parts = path.split("/")
     if parts[0] == "charts":
-        return (parts[1], parts[2]) in pins
+        return len(parts) > 3 and (parts[1], parts[2]) in pins
     return parts[0] in ("crds", "mig-parted")
 
 
 def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> tuple[list[Entry], list[Tree]]:
-    sources = (mirror / "SOURCES.md").read_text(encoding="utf-8")
-    rows = [dict(zip(_FIELDS, m.groups(), strict=True)) for m in map(_ROW.match, sources.splitlines()) if m]
+    try:
+        sources = inside(mirror, "SOURCES.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, UnsafePathError) as error:
+        raise UpstreamError(f"{mirror}/SOURCES.md: cannot be read ({_reason(error)}); `lock --from` needs a mirror "
+                            "whose SOURCES.md lists each file's repo, path and commit") from None
+    rows = [dict(zip(_FIELDS, m.groups(), strict=True)) for m in map(_ROW.fullmatch, sources.splitlines()) if m]
     rows += [dict(zip(_FIELDS, (*m.groups(), ""), strict=True)) for m in _MIG.finditer(sources)]
     entries = []
+    found = []
     for row in rows:
-        if row["file"] == "file" or not needed(row["file"], pins):
+        if row["file"] == "file":
+            continue
+        try:
+            relative_parts(row["file"])
+        except UnsafePathError as error:
+            found.append(str(error))
+            continue
+        if not needed(row["file"], pins):
             continue
         archive_path, _, member = row["path"].partition("!")
+        try:
+            data = inside(mirror, row["file"]).read_bytes()
+        except (OSError, UnsafePathError) as error:
+            found.append(f"{row['file']}: {_reason(error)}")
+            continue
         entries.append(Entry(
             path=row["file"], url=RAW.format(repo=row["repo"], commit=row["commit"], path=archive_path),
-            sha256=sha256((mirror / row["file"]).read_bytes()), member=member or None,
+            sha256=sha256(data), member=member or None,
             convert=CRD_SCHEMA if row["note"].startswith("converted from CRD") else None))
+    if found:
+        raise UpstreamError(_report(f"{mirror}/SOURCES.md lists files the mirror cannot give", found))
     covered = {tuple(e.path.split("/")[1:3]) for e in entries if e.path.startswith("charts/")}
     tree_rows = {row["file"]: row for row in rows if row["file"].startswith(f"{CHART_SRC}/")}
     trees = [tree_of(mirror, tree_rows, chart, version) for chart, version in sorted(pins)
@@ -287,6 +441,7 @@ def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> tuple[list[Ent
 # Chart source trees (SOURCES.md, "Chart source trees"): one row per tree and per dependency chart from another
 # repository or commit; the note ends in the tree's listing hash.
 CHART_SRC = "chart-src"
+_TREE_PATH = re.compile(rf"{CHART_SRC}/[^/]+/[^/]+")
 _LISTING = re.compile(r"sha256 of the sorted file listing: ([0-9a-f]{64})")
 # Symbolic links in the charts' git trees, which `helm package` and the mirror's trees replace by their targets
 # (chart-src/LISTING.md, "How the trees were made"): a raw URL of the link would serve the link's text, so a file
@@ -315,15 +470,21 @@ def source_of(repo: str, path: str) -> str:
 def tree_of(mirror: Path, rows: Mapping[str, Mapping[str, str]], chart: str, version: str) -> tuple[Tree, list[Entry]]:
     """The lock entries of one tree: each file from the most specific row (the tree's, or a dependency's)."""
     tree_path = f"{CHART_SRC}/{chart}/{version}"
-    root = mirror / tree_path
+    try:
+        root = inside(mirror, tree_path, folder=True)
+        links = [rel for rel, path in tree_files(root) if path.is_symlink()]
+    except UnsafePathError as error:
+        raise UpstreamError(f"{mirror}: {error}") from None
+    if links:
+        raise UpstreamError(f"{root}: holds symbolic links ({', '.join(links[:3])}); a mirror tree holds the files")
     listing = listing_sha256(root)
     note = _LISTING.search(rows[tree_path]["note"])
     if note is None or note.group(1) != listing:
         raise UpstreamError(f"{root}: its listing sha256 {listing[:12]}… is not the one SOURCES.md records")
     owners = sorted((p for p in rows if p == tree_path or p.startswith(tree_path + "/")), key=len, reverse=True)
     files = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(mirror).as_posix()
+    for inner_rel, path in tree_files(root):
+        rel = f"{tree_path}/{inner_rel}"
         owner = next(o for o in owners if rel.startswith(o + "/"))
         row, inner = rows[owner], rel[len(owner) + 1:]
         if row["path"].endswith(".tgz"):  # a packaged chart: its files are members under the chart's name
@@ -342,7 +503,11 @@ def write_lock(entries: list[Entry], trees: list[Tree], lock: Path = LOCK) -> No
               "# `python tools/upstream.py lock --from DIR`; read by `sync` and `verify`.\n")
     items = [{k: v for k, v in asdict(e).items() if v is not None} for e in entries]
     document = {"trees": [asdict(t) for t in trees], "files": items}
-    lock.write_text(header + yaml.safe_dump(document, sort_keys=False, width=200), encoding="utf-8")
+    text = header + yaml.safe_dump(document, sort_keys=False, width=200)
+    try:
+        write_file(lock.parent, lock.name, text.encode())
+    except (OSError, UnsafePathError) as error:
+        raise UpstreamError(f"{lock}: cannot be written ({_reason(error)})") from None
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------------
@@ -357,9 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in ("sync", "verify", "lock"):
         command = commands.add_parser(name)
-        command.add_argument("--dest", type=Path, default=Path(os.environ.get("TRAINYARD_UPSTREAM") or DEFAULT_DEST))
+        command.add_argument("--dest", type=_folder, default=Path(os.environ.get("TRAINYARD_UPSTREAM") or DEFAULT_DEST))
         if name != "verify":
-            command.add_argument("--from", dest="mirror", type=Path, help="local mirror laid out like the cache")
+            command.add_argument("--from", dest="mirror", type=_folder, help="local mirror laid out like the cache")
     args = parser.parse_args(argv)
     try:
         if args.command == "verify":
@@ -380,10 +545,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"there; all {fetched + kept} match {LOCK.name}")
     except UpstreamError as error:
         print(f"tools/upstream.py {args.command}: {error}", file=sys.stderr)
-        print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a mirror "
-              "(a checkout's ../shared/upstream).", file=sys.stderr)
+        if isinstance(error, DataError):
+            print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a "
+                  "mirror (a checkout's ../shared/upstream).", file=sys.stderr)
         return 2
     return 0
+
+
+def _folder(text: str) -> Path:
+    """A folder option: an empty one would silently mean the current folder."""
+    if not text.strip() or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder name")
+    return Path(text)
 
 
 if __name__ == "__main__":

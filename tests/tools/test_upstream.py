@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -254,3 +255,228 @@ def test_the_cache_the_suite_reads_matches_the_lock(tool: ModuleType, tmp_path: 
     shutil.copytree(cache, copy)
     tool.verify(copy)
     assert tool.is_verified(copy)
+
+
+# ---- nothing is written or read outside the cache, the mirror or the lock's folder --------------------------------
+
+def _fetch_anything(url: str) -> bytes:
+    return b"x\n"
+
+
+X_SHA = hashlib.sha256(b"x\n").hexdigest()
+
+
+@pytest.mark.parametrize("path", [
+    "crds/../../outside.txt", "../outside.txt", "crds/./x.json", "crds//x.json", "{tmp}/outside.txt",
+    "crds/x\x00.json", "crds\\..\\..\\outside.txt", "crds/x\n.json", "", ".verified",
+])
+def test_a_lock_path_outside_the_cache_is_refused_before_anything_is_written(tool: ModuleType, tmp_path: Path,
+                                                                             path: str) -> None:
+    lock = _write_lock(tmp_path, [{"path": path.format(tmp=tmp_path), "url": "https://example.invalid/x",
+                                   "sha256": X_SHA}])
+    before = sorted(tmp_path.parent.rglob("*"))
+    with pytest.raises(tool.UpstreamError, match=r"files\[0\]"):
+        tool.sync(tmp_path / "cache", None, lock, _fetch_anything)
+    assert sorted(tmp_path.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("url", "file:///etc/passwd", "not an https URL"),
+    ("url", "http://example.com/x", "not an https URL"),
+    ("url", "https:///x", "not an https URL"),
+    ("sha256", "0" * 63, "not 64 lowercase hex"),
+    ("sha256", "0" * 64 + "\n", "not 64 lowercase hex"),
+    ("convert", "shell", "the only conversion"),
+    ("member", 7, "every field is a string"),
+    ("mode", "0777", "expected path, url, sha256"),
+])
+def test_a_lock_entry_sync_cannot_act_on_is_named(tool: ModuleType, tmp_path: Path, field: str, value: object,
+                                                  message: str) -> None:
+    lock = _write_lock(tmp_path, [{"path": "crds/g/a_v1.json", "url": "https://example.invalid/a",
+                                   "sha256": X_SHA, field: value}])
+    with pytest.raises(tool.UpstreamError, match=message):
+        tool.load_lock(lock)
+
+
+def test_a_converted_crd_must_be_named_by_group_kind_and_version(tool: ModuleType, tmp_path: Path) -> None:
+    lock = _write_lock(tmp_path, [{"path": "crds/x.json", "url": "https://example.invalid/a", "sha256": X_SHA,
+                                   "convert": "crd-schema"}])
+    with pytest.raises(tool.UpstreamError, match="crds/<group>/<kind>_<version>.json"):
+        tool.load_lock(lock)
+
+
+@pytest.mark.parametrize("text", [
+    "files: {}\n", "- a\n", "files:\n- just-a-string\n", "files: [\n", "a: &a [x, x]\nfiles: *a\n",
+])
+def test_a_malformed_lock_is_one_message(tool: ModuleType, tmp_path: Path, text: str) -> None:
+    lock = tmp_path / "upstream.lock.yaml"
+    lock.write_text(text)
+    with pytest.raises(tool.UpstreamError, match=str(lock)):
+        tool.load_lock(lock)
+
+
+def test_a_lock_entry_listed_twice_is_refused(tool: ModuleType, tmp_path: Path) -> None:
+    entry = {"path": "crds/g/a_v1.json", "url": "https://example.invalid/a", "sha256": X_SHA}
+    with pytest.raises(tool.UpstreamError, match="crds/g/a_v1.json: listed twice"):
+        tool.load_lock(_write_lock(tmp_path, [entry, dict(entry)]))
+
+
+@pytest.mark.parametrize("link", ["crds", "crds/g", "crds/g/a_v1.json", ".verified"])
+def test_a_link_inside_the_cache_is_never_followed(tool: ModuleType, tmp_path: Path, link: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a_v1.json").write_text("theirs\n")
+    (outside / ".verified").write_text("theirs\n")
+    cache = tmp_path / "cache"
+    (cache / link).parent.mkdir(parents=True, exist_ok=True)
+    (cache / link).symlink_to(outside / Path(link).name if link.endswith((".json", ".verified")) else outside)
+    lock = _write_lock(tmp_path, [_entry("crds/g/a_v1.json", b"x\n")])
+    with pytest.raises(tool.UpstreamError, match="symbolic link"):
+        tool.sync(cache, None, lock, _fetch_anything)
+    assert sorted(p.name for p in outside.iterdir()) == [".verified", "a_v1.json"]
+    assert (outside / "a_v1.json").read_text() == (outside / ".verified").read_text() == "theirs\n"
+
+
+def test_a_link_inside_the_mirror_is_never_read(tool: ModuleType, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("x\n")  # matches the lock's checksum: only the link refuses it
+    mirror = tmp_path / "mirror"
+    (mirror / "crds/g").mkdir(parents=True)
+    (mirror / "crds/g/a_v1.json").symlink_to(secret)
+    lock = _write_lock(tmp_path, [_entry("crds/g/a_v1.json", b"x\n")])
+    with pytest.raises(tool.UpstreamError, match="crds/g/a_v1.json: crds/g/a_v1.json is a symbolic link"):
+        tool.sync(tmp_path / "cache", mirror, lock)
+    assert not (tmp_path / "cache/crds/g/a_v1.json").exists()
+
+
+def test_a_lock_file_where_the_cache_needs_a_folder_is_one_message(tool: ModuleType, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "crds").mkdir(parents=True)
+    (cache / "crds/g").write_text("a file\n")
+    lock = _write_lock(tmp_path, [_entry("crds/g/a_v1.json", b"x\n")])
+    with pytest.raises(tool.UpstreamError, match="crds/g is a file where crds/g/a_v1.json needs a folder"):
+        tool.sync(cache, None, lock, _fetch_anything)
+
+
+def test_the_lock_is_never_written_through_a_link(tool: ModuleType, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.yaml"
+    target.write_text("theirs\n")
+    lock = tmp_path / "upstream.lock.yaml"
+    lock.symlink_to(target)
+    with pytest.raises(tool.UpstreamError, match="symbolic link"):
+        tool.write_lock([], [], lock)
+    assert target.read_text() == "theirs\n"
+
+
+def _cli(tool: ModuleType, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert tool.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert captured.err.startswith(f"tools/upstream.py {argv[0]}: ") and captured.err.count("tools/upstream.py") == 1
+    return captured.err
+
+
+def test_sync_into_a_dest_under_a_file_is_one_message(tool: ModuleType, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("mine\n")
+    err = _cli(tool, ["sync", "--from", str(tmp_path), "--dest", str(tmp_path / "notes.txt" / "cache")], capsys)
+    assert "notes.txt is a file, not a folder" in err
+    err = _cli(tool, ["verify", "--dest", str(tmp_path / "notes.txt")], capsys)
+    assert "exists and is not a folder" in err
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_dest_that_is_a_link_is_refused(tool: ModuleType, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cache").symlink_to(tmp_path / "elsewhere")
+    assert "is a symbolic link" in _cli(tool, ["sync", "--dest", str(tmp_path / "cache")], capsys)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_lock_without_sources_is_one_message(tool: ModuleType, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    lock_before = (REPO / "tools/upstream.lock.yaml").read_bytes()
+    err = _cli(tool, ["lock", "--from", str(tmp_path)], capsys)
+    assert "SOURCES.md: cannot be read" in err and "Fix: run" not in err
+    assert (REPO / "tools/upstream.lock.yaml").read_bytes() == lock_before
+
+
+@pytest.mark.parametrize(("file", "message"), [
+    ("../outside.txt", "'../outside.txt' has an empty, '.' or '..' part"),
+    ("/etc/hostname", "'/etc/hostname' is an absolute path"),
+    ("charts/demo", "no data for these pinned charts"),  # too short to name a chart's file: not a crash
+])
+def test_a_sources_row_outside_the_mirror_is_refused(tool: ModuleType, tmp_path: Path, file: str,
+                                                     message: str) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (tmp_path / "outside.txt").write_text("x\n")
+    (mirror / "SOURCES.md").write_text(f"| {file} | o/demo | chart/values.yaml | {'0' * 40} | ref v1 |\n")
+    with pytest.raises(tool.UpstreamError, match=re.escape(message)):
+        tool.lock_from_mirror(mirror, {("demo", "1.0.0")})
+
+
+# ---- chart source trees: sync deletes unlisted files below a tree, and only there -----------------------------------
+
+def _tree_lock(tmp: Path, tree: str, files: list[dict[str, str]]) -> Path:
+    lock = tmp / "upstream.lock.yaml"
+    lock.write_text(yaml.safe_dump({"trees": [{"path": tree, "listing_sha256": "0" * 64}], "files": files}))
+    return lock
+
+
+@pytest.mark.parametrize("tree", ["../victim", "chart-src/../../victim", "{tmp}/victim", "chart-src/demo",
+                                  "chart-src/demo/1.0.0/extra", "chart-src/./1.0.0"])
+def test_a_tree_outside_chart_src_is_refused_before_anything_is_deleted(tool: ModuleType, tmp_path: Path,
+                                                                         tree: str) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("mine\n")
+    lock = _tree_lock(tmp_path, tree.format(tmp=tmp_path), [])
+    with pytest.raises(tool.UpstreamError, match=r"trees\[0\]"):
+        tool.sync(tmp_path / "cache", None, lock, _fetch_anything)
+    assert (victim / "mine.txt").read_text() == "mine\n"
+
+
+def test_a_linked_tree_in_the_cache_is_never_pruned_through(tool: ModuleType, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("mine\n")
+    cache = tmp_path / "cache"
+    (cache / "chart-src/demo").mkdir(parents=True)
+    (cache / "chart-src/demo/1.0.0").symlink_to(victim)
+    lock = _tree_lock(tmp_path, "chart-src/demo/1.0.0", [])
+    with pytest.raises(tool.UpstreamError, match="symbolic link"):
+        tool.sync(cache, None, lock, _fetch_anything)
+    assert (victim / "mine.txt").read_text() == "mine\n"
+
+
+def test_a_link_inside_a_cached_tree_is_removed_not_followed(tool: ModuleType, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("mine\n")
+    cache = tmp_path / "cache"
+    tree = cache / "chart-src/demo/1.0.0"
+    tree.mkdir(parents=True)
+    (tree / "templates").symlink_to(victim)
+    (tree / "values.yaml").symlink_to(victim / "mine.txt")
+    files = [_entry("chart-src/demo/1.0.0/Chart.yaml", b"x\n")]
+    lock = tmp_path / "upstream.lock.yaml"
+    listing = hashlib.sha256(f"{X_SHA}  Chart.yaml\n".encode()).hexdigest()
+    lock.write_text(yaml.safe_dump({"trees": [{"path": "chart-src/demo/1.0.0", "listing_sha256": listing}],
+                                    "files": files}))
+    tool.sync(cache, None, lock, _fetch_anything)
+    assert sorted(p.name for p in tree.iterdir()) == ["Chart.yaml"]
+    assert (victim / "mine.txt").read_text() == "mine\n"
+    assert tool.is_verified(cache, lock)
+
+
+def test_a_mirror_tree_with_a_link_is_refused(tool: ModuleType, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    tree = mirror / "chart-src/demo/1.0.0"
+    tree.mkdir(parents=True)
+    (tree / "values.yaml").symlink_to("/etc/hostname")
+    row = f"| chart-src/demo/1.0.0 | o/demo | chart | {'0' * 40} | sha256 of the sorted file listing: {'0' * 64} |"
+    (mirror / "SOURCES.md").write_text(row + "\n")
+    with pytest.raises(tool.UpstreamError, match="holds symbolic links"):
+        tool.lock_from_mirror(mirror, {("demo", "1.0.0")})
