@@ -32,6 +32,7 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderError
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, write_plan
+from trainyard.safe_paths import UnsafePathError, write_file
 
 GRAPH_SUFFIXES = (".dot", ".mmd")
 
@@ -118,9 +119,10 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         dependencies = graph.build(recording)
         text = graph.to_dot(dependencies) if graph_file.suffix == ".dot" else graph.to_mermaid(dependencies)
         try:
-            graph_file.write_text(text)
-        except OSError as exc:
-            raise InputError(f"--graph {graph_file}: cannot be written ({exc.strerror or exc})") from None
+            write_file(graph_file.parent, graph_file.name, text.encode())
+        except (OSError, UnsafePathError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else None
+            raise InputError(f"--graph {graph_file}: cannot be written ({reason or exc})") from None
         print(f"Wrote {graph_file}")
     if rehearse:
         result = rehearsal.rehearse(recording, rendered)
@@ -133,6 +135,8 @@ def _check_writable_file(path: Path, option: str) -> None:
     """A graph file goes to a new path, or over an earlier graph (same suffix), never over another kind of file."""
     if path.suffix not in GRAPH_SUFFIXES:
         raise InputError(f"{option} {path}: name it *.dot (Graphviz) or *.mmd (Mermaid)")
+    if path.is_symlink():
+        raise InputError(f"{option} {path}: is a symbolic link; links are never followed: give the file itself")
     if path.is_dir() or (path.exists() and not path.is_file()):
         raise InputError(f"{option} {path}: is a folder or not a regular file; give a file name")
     if not path.parent.is_dir():

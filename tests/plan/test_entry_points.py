@@ -3,6 +3,8 @@ never deletes or overwrites a file it did not write."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from trainyard.__main__ import main
+from trainyard.plan import writers
 from trainyard.plan.recording import Recording
 from trainyard.plan.writers import MARKER, write_plan
 
@@ -68,6 +71,56 @@ def _no_folder(tmp_path: Path) -> str:
     return str(tmp_path / "missing" / "graph.dot")
 
 
+def _earlier_plan(tmp_path: Path, marker_lines: str = "") -> Path:
+    out = tmp_path / "plan"
+    write_plan(_recording("a"), out)
+    with (out / MARKER).open("a") as marker:
+        marker.write(marker_lines)
+    return out
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "ns.configmap.a.yaml").write_text("mine\n")
+    return victim
+
+
+def _marker_with(line: str) -> Callable[[Path], str]:
+    return lambda t: str(_earlier_plan(t, f"{line}\n"))
+
+
+def _linked(folder: str) -> Callable[[Path], str]:
+    """An earlier plan whose `folder` was replaced by a link (as a pull request can commit one)."""
+    def build(tmp_path: Path) -> str:
+        out = _earlier_plan(tmp_path)
+        victim = _victim(tmp_path)
+        shutil.rmtree(out / folder)
+        (out / folder).symlink_to(victim)
+        return str(out)
+    return build
+
+
+def _linked_file(tmp_path: Path) -> str:
+    out = _earlier_plan(tmp_path)
+    victim = _victim(tmp_path)
+    (out / "manifests" / "ns.configmap.a.yaml").unlink()
+    (out / "manifests" / "ns.configmap.a.yaml").symlink_to(victim / "ns.configmap.a.yaml")
+    return str(out)
+
+
+def _out_is_a_link(tmp_path: Path) -> str:
+    (tmp_path / "plan").symlink_to(_victim(tmp_path))
+    return str(tmp_path / "plan")
+
+
+def _graph_link(tmp_path: Path) -> str:
+    target = tmp_path / "theirs.dot"
+    target.write_text("digraph trainyard {}\n")
+    (tmp_path / "graph.dot").symlink_to(target)
+    return str(tmp_path / "graph.dot")
+
+
 def _graph_over_notes(tmp_path: Path) -> str:
     path = tmp_path / "notes.dot"
     path.write_text("my own notes\n")
@@ -87,6 +140,25 @@ CASES: list[tuple[str, Argv]] = [
                                               _folder_with_notes(t)]),
     ("plan-out-unwritable", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
                                           _read_only(t)]),
+    ("plan-out-marker-nul", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                          _marker_with("manifests/a\x00.yaml")(t)]),
+    ("plan-out-marker-dotdot", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                             _marker_with("manifests/../../victim/ns.configmap.a.yaml")(t)]),
+    ("plan-out-marker-absolute", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                               _marker_with(f"{t}/victim/ns.configmap.a.yaml")(t)]),
+    ("plan-out-marker-folder", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                             _marker_with("manifests")(t)]),
+    ("plan-out-manifests-link", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                              _linked("manifests")(t)]),
+    ("plan-out-helm-link", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                         _linked("helm")(t)]),
+    ("plan-out-file-link", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                         _linked_file(t)]),
+    ("plan-out-is-a-link", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                         _out_is_a_link(t)]),
+    ("plan-out-under-a-file", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--out",
+                                            f"{_file(t)}/plan"]),
+    ("graph-is-a-link", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", _graph_link(t)]),
     ("graph-is-a-folder", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", str(t)]),
     ("graph-no-folder", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", _no_folder(t)]),
     ("graph-over-user-file", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph",
@@ -107,16 +179,24 @@ def test_bad_input_is_one_message_and_exit_2(stacks_dir: Path, tmp_path: Path, c
                                              capsys: pytest.CaptureFixture[str]) -> None:
     args = argv(stacks_dir, tmp_path)
     before = _snapshot(tmp_path)
+    links = _links(tmp_path)
     code = main(args)
     out, err = capsys.readouterr()
     assert code == 2, out + err
     assert "Traceback" not in out + err
     assert err.startswith("error: ") and err.count("error: ") == 1, err
     assert _snapshot(tmp_path) == before, "a refused command changed files"
+    assert _links(tmp_path) == links
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every regular file below `folder` (links are listed by `_links`, not followed)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _links(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): os.readlink(p) for p in sorted(folder.rglob("*")) if p.is_symlink()}
 
 
 def test_the_cli_process_prints_no_traceback(stacks_dir: Path) -> None:
@@ -170,15 +250,53 @@ def test_a_plan_file_over_a_user_file_is_refused_before_writing(tmp_path: Path) 
     assert _snapshot(out) == before
 
 
-def test_an_edited_marker_never_deletes_outside_the_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("line", ["../victim.txt", "{victim}", "manifests/../../victim.txt", "manifests\\..\\x",
+                                  "manifests/a\x00.yaml", "manifests//ns.configmap.a.yaml", "./resources.json"])
+def test_an_edited_marker_never_deletes_outside_the_folder(tmp_path: Path, line: str) -> None:
     out = tmp_path / "plan"
-    write_plan(_recording("a"), out)
+    write_plan(_recording("a", "b"), out)
     victim = tmp_path / "victim.txt"
     victim.write_text("mine\n")
     with (out / MARKER).open("a") as marker:
-        marker.write(f"../victim.txt\n{victim}\n")
-    write_plan(_recording("a"), out)
-    assert victim.read_text() == "mine\n"
+        marker.write(line.format(victim=victim) + "\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ValueError, match=rf"{MARKER} line \d+: .* nothing was written"):
+        write_plan(_recording("a"), out)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("folder", ["manifests", "helm"])
+def test_a_linked_folder_of_an_earlier_plan_is_never_followed(tmp_path: Path, folder: str) -> None:
+    out = tmp_path / "plan"
+    write_plan(_recording("a", "b"), out)
+    victim = _victim(tmp_path)
+    (victim / "ns.configmap.b.yaml").write_text("mine\n")  # listed in the marker: the plan would delete it
+    shutil.rmtree(out / folder)
+    (out / folder).symlink_to(victim)
+    with pytest.raises(ValueError, match=f"{folder} is a symbolic link"):
+        write_plan(_recording("a"), out)
+    assert sorted(p.name for p in victim.iterdir()) == ["ns.configmap.a.yaml", "ns.configmap.b.yaml"]
+    assert {p.read_text() for p in victim.iterdir()} == {"mine\n"}
+
+
+def test_a_marker_far_larger_than_a_plan_is_refused(tmp_path: Path) -> None:
+    out = _earlier_plan(tmp_path, "manifests/x.yaml\n" * (5 * 1024 * 1024 // 17))
+    with pytest.raises(ValueError, match="more than 4194304 bytes"):
+        write_plan(_recording("a"), out)
+
+
+def test_a_plan_inside_the_repository_never_goes_through_a_linked_folder(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    victim = _victim(tmp_path)
+    (repo / "plans").symlink_to(victim)  # a committed link: `make plans` writes plans/dev
+    monkeypatch.setattr(writers, "REPO_ROOT", repo)
+    monkeypatch.chdir(repo)
+    for out in (Path("plans/dev"), repo / "plans" / "dev"):
+        with pytest.raises(ValueError, match="plans is a symbolic link"):
+            write_plan(_recording("a"), out)
+    assert [p.name for p in victim.iterdir()] == ["ns.configmap.a.yaml"]
 
 
 def test_an_empty_existing_folder_is_used(tmp_path: Path) -> None:

@@ -8,20 +8,24 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from trainyard.config.yaml_input import InputError
+from trainyard.paths import REPO_ROOT
 from trainyard.plan import graph
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rendering import RenderedRelease, RenderedStack
+from trainyard.safe_paths import UnsafePathError, check_root, inside, relative_parts, remove_file, write_file
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 _NOT_OBJECTS = frozenset({HELM_RELEASE, "pulumi:providers:kubernetes"})
 # Lists the files a plan wrote, so the next plan replaces those and nothing else.
 MARKER = ".trainyard-plan"
+# A plan lists a few thousand files; a marker far larger than that was not written by one.
+MAX_MARKER_BYTES = 4 * 1024 * 1024
 
 
 def is_kubernetes_object(record: ResourceRecord) -> bool:
@@ -123,30 +127,41 @@ def write_plan(recording: Recording, out: Path, rendered: RenderedStack | None =
 
     Only the files the earlier plan listed in MARKER are replaced or removed; anything else in the folder is
     left alone, and a plan file that would overwrite it is refused (InputError) before anything is written.
+    Every path written or removed stays inside `out` and passes through no link (trainyard.safe_paths): plans/
+    is committed and git stores links, so an earlier plan's `manifests/` may be one.
     """
     files = plan_files(recording, rendered)
     previous = _previous_plan(out)
+    try:
+        for rel in sorted(files.keys() | previous):
+            inside(out, rel)
+        for folder in _FOLDERS:
+            inside(out, folder, folder=True)
+    except UnsafePathError as exc:
+        raise InputError(f"--out {out}: {exc}; nothing was written") from None
     clashes = sorted(rel for rel in files if rel not in previous and os.path.lexists(out / rel))
     if clashes:
         raise InputError(f"--out {out}: {clashes[0]} exists and was not written by an earlier plan; "
                          "nothing was written (move it, or choose a new folder)")
     try:
         for rel in sorted(previous - files.keys()):
-            (out / rel).unlink(missing_ok=True)
+            remove_file(out, rel)
             emptied = (out / rel).parent
             if emptied.parent == out / "rendered" and emptied.is_dir() and not any(emptied.iterdir()):
                 emptied.rmdir()  # a release the stack no longer has
-        for folder in ("manifests", "helm"):
-            (out / folder).mkdir(parents=True, exist_ok=True)
+        for folder in _FOLDERS:
+            inside(out, folder, folder=True).mkdir(parents=True, exist_ok=True)
         for rel, text in files.items():
-            target = out / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_symlink():
-                target.unlink()
-            target.write_text(text)
-        (out / MARKER).write_text(_MARKER_HEADER + "".join(f"{rel}\n" for rel in sorted(files)))
+            write_file(out, rel, text.encode())
+        write_file(out, MARKER, (_MARKER_HEADER + "".join(f"{rel}\n" for rel in sorted(files))).encode())
+    except UnsafePathError as exc:  # a link made while the plan was being written
+        raise InputError(f"--out {out}: {exc}") from None
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write the plan there ({exc.strerror or exc})") from None
+
+
+# Folders every plan has, even when it renders no object or release into them.
+_FOLDERS = ("manifests", "helm")
 
 
 def check_out(out: Path) -> None:
@@ -157,12 +172,23 @@ def check_out(out: Path) -> None:
         raise InputError(f"--out {out}: {parent} is not writable")
 
 
+def _check_root(out: Path) -> None:
+    """`out` is a folder or absent, never a link; inside the repository, no folder on the way to it is a link
+    either (a committed `plans` link would send `make plans` elsewhere)."""
+    try:
+        check_root(out, "--out")
+        absolute = Path(os.path.abspath(out))
+        if absolute != REPO_ROOT and absolute.is_relative_to(REPO_ROOT):
+            inside(REPO_ROOT, absolute.relative_to(REPO_ROOT).as_posix(), folder=True)
+    except UnsafePathError as exc:
+        raise InputError(f"--out {out}: {exc}; nothing was written") from None
+
+
 def _previous_plan(out: Path) -> set[str]:
     """The files an earlier plan wrote into `out` (empty for a new or empty folder); InputError for anything else."""
+    _check_root(out)
     if not os.path.lexists(out):
         return set()
-    if not out.is_dir() or out.is_symlink():
-        raise InputError(f"--out {out}: exists and is not a folder; choose a new folder")
     marker = out / MARKER
     if not marker.is_file() or marker.is_symlink():
         legacy = _unmarked_plan(out)
@@ -172,12 +198,26 @@ def _previous_plan(out: Path) -> set[str]:
             raise InputError(f"--out {out}: a folder with files not written by `trainyard plan` (no {MARKER}); "
                              "nothing was written: choose a new or empty folder")
         return set()
+    return _marker_files(out, marker)
+
+
+def _marker_files(out: Path, marker: Path) -> set[str]:
+    """The paths MARKER lists; InputError naming the line when one is not a plain path inside `out` (an edited
+    marker never makes the plan delete or write elsewhere)."""
+    if marker.stat().st_size > MAX_MARKER_BYTES:
+        raise InputError(f"--out {out}: {MARKER} holds more than {MAX_MARKER_BYTES} bytes, far more than a plan "
+                         "lists; nothing was written: delete the folder or choose a new one")
     listed = set()
-    for line in marker.read_text(encoding="utf-8", errors="replace").splitlines():
-        rel = PurePosixPath(line)
-        # Only plain relative paths inside `out`: an edited marker never makes the plan delete elsewhere.
-        if line and not line.startswith("#") and not rel.is_absolute() and ".." not in rel.parts:
-            listed.add(line)
+    text = marker.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line or line.startswith("#"):
+            continue
+        try:
+            relative_parts(line)
+        except UnsafePathError as exc:
+            raise InputError(f"--out {out}: {MARKER} line {number}: {exc}; nothing was written: delete that line "
+                             "(a plan lists only its own files)") from None
+        listed.add(line)
     return listed
 
 
