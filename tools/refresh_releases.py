@@ -35,9 +35,9 @@ KEEP_RELEASES = 12
 _AMI_RELEASE = re.compile(r"^# AMI Release v(\d{8})\s*$", re.M)
 _K8S_BLOCK = re.compile(r"<summary><b>Kubernetes (\d+\.\d+)</b></summary>(.*?)</details>", re.S)
 _RELEASE_VERSION = re.compile(r"<td[^>]*>(\d+\.\d+\.\d+-\d{8})</td>")
-_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
+_SEMVER = re.compile(r"v?([0-9]+)\.([0-9]+)\.([0-9]+)(?:[-+].*)?")
 # A release, not a pre-release (`1.20.0-rc.1`, `1.21.0-pre.0`): pins never take pre-releases.
-_RELEASE = re.compile(r"^v?\d+\.\d+\.\d+$")
+_RELEASE = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+")
 
 
 def parse_eks_ami_changelog(text: str, minors: Iterable[str]) -> dict[str, list[str]]:
@@ -71,19 +71,19 @@ def parse_helm_index(index_text: str, chart: str) -> list[str]:
     """A Helm repository's index.yaml → the chart's published releases, newest first."""
     entries = (yaml.safe_load(index_text) or {}).get("entries", {}).get(chart, [])
     versions = {str(e["version"]) for e in entries}
-    return sorted((v for v in versions if _RELEASE.match(v)), key=_version_key, reverse=True)
+    return sorted((v for v in versions if _RELEASE.fullmatch(v)), key=_version_key, reverse=True)
 
 
 def parse_registry_tags(tags_json: str) -> list[str]:
     """An OCI distribution `/v2/<name>/tags/list` answer → its release tags, newest first."""
     tags = json.loads(tags_json).get("tags") or []
-    return sorted((t for t in tags if _RELEASE.match(t)), key=_version_key, reverse=True)
+    return sorted((t for t in tags if _RELEASE.fullmatch(t)), key=_version_key, reverse=True)
 
 
 def _version_key(version: str) -> tuple[int, ...]:
-    match = _SEMVER.match(version)
+    match = _SEMVER.fullmatch(version)
     base = tuple(int(p) for p in match.groups()) if match else (0, 0, 0)
-    build = re.search(r"eksbuild\.(\d+)", version)
+    build = re.search(r"eksbuild\.([0-9]+)", version)
     return (*base, int(build.group(1)) if build else 0)
 
 

@@ -6,18 +6,17 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from trainyard.config.name_rules import image_pin_problem
+
 from trainyard_policy.resources import Resource, Violation, containers, kind_of, pod_specs
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
-_EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?$")
+_EXACT_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.+-]+)?")
 
 
 def image_pinned(reference: str) -> bool:
-    """`name:tag` with a tag other than latest, or `name@sha256:...`; a registry port is not a tag."""
-    if "@sha256:" in reference:
-        return True
-    last = reference.rsplit("/", 1)[-1]
-    return ":" in last and last.rsplit(":", 1)[1] not in ("", "latest")
+    """`name:tag` with a tag other than latest, or `name@sha256:<digest>`, as the stack config requires."""
+    return image_pin_problem(reference) is None
 
 
 def charts_pinned(resources: Sequence[Resource]) -> list[Violation]:
@@ -25,7 +24,7 @@ def charts_pinned(resources: Sequence[Resource]) -> list[Violation]:
     for r in resources:
         if r.type == HELM_RELEASE:
             version = str(r.inputs.get("version") or "")
-            if not _EXACT_VERSION.match(version):
+            if not _EXACT_VERSION.fullmatch(version):
                 found.append(Violation(r.urn, f"chart {r.inputs.get('chart')!r} version {version!r} is not exact"))
     return found
 

@@ -62,7 +62,7 @@ def test_open_endpoint_needs_an_explicit_yes_outside_prod() -> None:
      "trainyard:deploy.runnerCidrs", "required"),
     (lambda r: r["deploy"].update(runnerCidrs=["10.200.0.0/24"]), "trainyard:deploy.runnerCidrs", "only used"),
     (lambda r: r["deploy"].update(roleArn="arn:aws:iam::111122223333:user/ci"), "trainyard:deploy.roleArn",
-     "pattern"),
+     "is not an IAM role ARN"),
     (lambda r: r["deploy"].update(roleArn=r["aws"]["adminPrincipalArns"][0]), "trainyard:deploy.roleArn",
      "list it once"),
 ], ids=["missing", "public-without-cidrs", "private-with-public", "private-without-runner", "runner-on-public",

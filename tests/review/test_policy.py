@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from review_support import STACKS, rendered
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard_policy import pinning
 from trainyard_policy.resources import Resource, from_record, kind_of, metadata, pod_specs
 from trainyard_policy.rules import RULES, evaluate
 
@@ -282,3 +283,18 @@ def test_every_rule_has_a_breaking_test() -> None:
                "tenants-isolated", "gpu-sharing-renamed", "shared-gpu-pools-marked", "whole-gpus-unshared",
                "gpu-env-closed"}
     assert covered == set(RULE_NAMES)
+
+
+@pytest.mark.parametrize("reference", ["ghcr.io/trainyard/trainer:latest\n", "ghcr.io/trainyard/trainer:0.1.0\n",
+                                       "ghcr.io/trainyard/trainer@sha256:" + "a" * 64 + "\n",
+                                       "ghcr.io/trainyard/trainer@sha256:", "ghcr.io/trainyard/trainer",
+                                       "ghcr.io/trainyard/trainer:latest", "GHCR.io/Trainer:1"])
+def test_the_policy_pack_refuses_what_the_config_refuses(reference: str) -> None:
+    assert not pinning.image_pinned(reference)
+
+
+@pytest.mark.parametrize("reference", ["ghcr.io/trainyard/trainer:0.1.0", "localhost:5000/a/b:v1",
+                                       "nvcr.io/nvidia/gpu-operator:v26.7.0",
+                                       "ghcr.io/a/b:1.0@sha256:" + "0" * 64])
+def test_pinned_references_pass_the_policy(reference: str) -> None:
+    assert pinning.image_pinned(reference)

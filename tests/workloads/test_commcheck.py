@@ -11,7 +11,7 @@ from trainer_launch import subprocess_env
 from trainyard_train.commcheck import Result, bus_factor, parse_args, sizes, verdict
 
 # A row of the table: size, count, type, redop, time (us), algbw, busbw, #wrong.
-ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+float\s+sum\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$")
+ROW = re.compile(r"\s+(\d+)\s+(\d+)\s+float\s+sum\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)")
 
 
 def test_bus_bandwidth_is_nccl_tests_all_reduce_correction() -> None:
@@ -81,7 +81,7 @@ def test_two_gloo_ranks_print_real_bus_bandwidth() -> None:
     done = _run()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "backend gloo, 2 ranks" in done.stdout
-    rows = [ROW.match(line) for line in done.stdout.splitlines()]
+    rows = [ROW.fullmatch(line) for line in done.stdout.splitlines()]
     table = [m.groups() for m in rows if m]
     assert [int(r[0]) for r in table] == sizes(8, 1024**2, 2)
     size, count, time_us, algbw, busbw, wrong = table[-1]

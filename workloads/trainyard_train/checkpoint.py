@@ -42,7 +42,7 @@ from .logs import LOGGER_NAME, kv
 
 COMMIT = "COMMIT"
 _CHUNK = 8 << 20  # bytes per read when checksumming
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_STEP_DIR = re.compile(r"step-([0-9]{8})")
 log = logging.getLogger(LOGGER_NAME)
 
 
@@ -61,7 +61,7 @@ def list_step_dirs(root: Path) -> list[CheckpointRef]:
         return []
     refs = []
     for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
+        match = _STEP_DIR.fullmatch(child.name)
         if match and child.is_dir():
             refs.append(CheckpointRef(int(match.group(1)), child))
     return sorted(refs)

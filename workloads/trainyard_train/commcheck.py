@@ -36,7 +36,7 @@ PROG = "python -m trainyard_train.commcheck"
 ELEMENT = torch.float32
 ELEMENT_BYTES = 4
 GB = 1e9  # nccl-tests' GB/s: src/all_reduce.cu divides bytes by 1.0E9
-_SIZE = re.compile(r"^([0-9]+)([KMG]?)B?$", re.IGNORECASE)
+_SIZE = re.compile(r"([0-9]+)([KMG]?)B?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 # Defaults: nccl-tests' usual sweep on GPUs; on CPU, gloo over loopback takes seconds per large size.
 GPU_MAX_BYTES = 1024**3
@@ -52,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
 
 def size_bytes(text: str) -> int:
     """'8', '8B', '64K', '128M', '1G' (binary multiples, as nccl-tests' -b/-e) in bytes."""
-    match = _SIZE.match(text.strip())
+    match = _SIZE.fullmatch(text.strip())
     if match is None or int(match.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: a positive whole number of bytes, "
                                          "optionally with K, M or G (binary), such as 8, 64K, 1G")

@@ -22,7 +22,7 @@ VALUES_FILE = "values.yaml"
 _REQUIRED = ("chart", "repository", "version", "namespace")
 _ALLOWED = frozenset((*_REQUIRED, "images"))
 # Exact SemVer with an optional leading "v" (Rook and the GPU Operator tag their charts that way).
-_EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+_EXACT_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?")
 _REPOSITORY_SCHEMES = ("https://", "oci://")
 _FLOATING_TAGS = frozenset(("latest", "main", "master", "stable", "edge"))
 
@@ -149,7 +149,7 @@ def _parse_pin(where: Path, release: str, entry: object) -> ChartPin:
         if not isinstance(value, str) or not value.strip():
             raise CatalogueError(f"{prefix}.{key}: missing or not a non-empty string")
     version = entry["version"]
-    if not _EXACT_VERSION.match(version):
+    if not _EXACT_VERSION.fullmatch(version):
         raise CatalogueError(
             f"{prefix}.version: {version!r} is not an exact version (no 'latest', ranges or wildcards)"
         )

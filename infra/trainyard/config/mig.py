@@ -78,7 +78,7 @@ MIG_PROFILES: Mapping[str, Mapping[str, SliceShape]] = MappingProxyType(
 )
 
 # Layout names become the value of the node label nvidia.com/mig.config.
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
 _ENTRY_KEYS = frozenset({"device-filter", "devices", "mig-enabled", "mig-devices"})
 
 
@@ -189,7 +189,7 @@ def _load(path: Path) -> MigCatalog:
 
 def _parse_layout(path: Path, name: str, entries: Any) -> MigLayout:
     where = f"mig-configs.{name}"
-    if not _LABEL_VALUE.match(name):
+    if not _LABEL_VALUE.fullmatch(name):
         raise MigConfigError(f"{path}: {where}: layout name must be a valid Kubernetes label value")
     if not isinstance(entries, list) or not entries:
         raise MigConfigError(f"{path}: {where}: expected a non-empty list of entries")

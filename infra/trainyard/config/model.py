@@ -16,21 +16,19 @@ from pydantic.alias_generators import to_camel
 
 from trainyard.config import name_rules
 from trainyard.config.quantity import parse_quantity
+from trainyard.config.schedule import snapshot_interval
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_IMAGE = re.compile(r"^[a-z0-9.\-/:_]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127})$")
-_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
-_PATH_PART = re.compile(r"^[A-Za-z0-9._-]+$")
-_ARN_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/[\w+=,.@/-]+$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
 # Tag keys 1-128 and values 0-256 characters of letters, digits, spaces and _ . : / = + - @; keys may not start with
 # the reserved `aws:` (https://docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html#tag-conventions).
-_TAG_TEXT = re.compile(r"^[\w .:/=+\-@]*$")
-_ARN_ROLE = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+$")
+_TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")
+# Monitoring retention as Prometheus' --storage.tsdb.retention.time reads it (a whole number of days, hours or weeks).
+_RETENTION = re.compile(r"[0-9]+[dhw]")
 
 
 def _dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a DNS-1123 label: use lowercase letters, digits and '-', "
             "start and end with a letter or digit, at most 63 characters"
@@ -43,15 +41,49 @@ def _quantity(value: str) -> str:
     return value
 
 
+def _positive(value: str) -> str:
+    if parse_quantity(value) <= 0:
+        raise ValueError(f"{value!r} is no size: must be more than 0")
+    return value
+
+
 def _label_key(value: str) -> str:
-    if len(value) > 317 or not _LABEL_KEY.match(value):
-        raise ValueError(f"{value!r} is not a valid Kubernetes label key ([prefix/]name)")
+    if problem := name_rules.qualified_name_problem(value):
+        raise ValueError(problem)
     return value
 
 
 def _pinned_image(value: str) -> str:
-    if not _IMAGE.match(value) or value.endswith(":latest"):
-        raise ValueError(f"{value!r} must be pinned: 'repo/name:tag' (not 'latest') or 'repo/name@sha256:<digest>'")
+    if problem := name_rules.image_pin_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def _region(value: str) -> str:
+    partition = name_rules.partition_of(value)
+    if partition is None:
+        raise ValueError(f"{value!r} is not an AWS region name (such as 'us-west-2')")
+    if partition != name_rules.PROGRAM_PARTITION:
+        raise ValueError(f"{value!r} is a region of partition {partition!r}; this program deploys to the "
+                         f"{name_rules.PROGRAM_PARTITION!r} partition only (the ARNs it writes)")
+    return value
+
+
+def _principal_arn(value: str) -> str:
+    if problem := name_rules.principal_arn_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def _role_arn(value: str) -> str:
+    if problem := name_rules.principal_arn_problem(value, kinds=("role",)):
+        raise ValueError(problem)
+    return value
+
+
+def _retention(value: str) -> str:
+    if not _RETENTION.fullmatch(value):
+        raise ValueError(f"{value!r} is not a retention such as '15d', '48h' or '2w'")
     return value
 
 
@@ -64,13 +96,13 @@ def _label_value(value: str) -> str:
 def _tag_key(value: str) -> str:
     if problem := name_rules.tag_key_problem(value):
         raise ValueError(problem)
-    if not _TAG_TEXT.match(value):
+    if not _TAG_TEXT.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid AWS tag key: letters, digits, spaces or _ . : / = + - @")
     return value
 
 
 def _tag_value(value: str) -> str:
-    if len(value) > 256 or not _TAG_TEXT.match(value):
+    if len(value) > 256 or not _TAG_TEXT.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid AWS tag value: at most 256 letters, digits, spaces or "
                          "_ . : / = + - @")
     return value
@@ -92,15 +124,40 @@ def _version_as_text(value: object) -> object:
     return value
 
 
+def _whole_number(value: object) -> object:
+    """pydantic matches a Literal of ints by equality, even in strict mode: `yes` (True) would read as 1, 1.0 too."""
+    if isinstance(value, bool | float):
+        raise ValueError(f"expected a whole number, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _flag_text(value: object) -> object:
     """The engine hands a top-level `true` over as the text "true"; only those two words are flags."""
     return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
 
 
+def _is_relative_path(value: str) -> bool:
+    return all(_PATH_PART.fullmatch(p) and p not in (".", "..") for p in value.split("/"))
+
+
 def _relative_path(value: str) -> str:
-    parts = value.split("/")
-    if not all(_PATH_PART.match(p) and p not in (".", "..") for p in parts):
+    if not _is_relative_path(value):
         raise ValueError(f"{value!r} must be a relative path of letters, digits, '.', '_' and '-' (no '..')")
+    return value
+
+
+def _snapshot_schedule(value: str) -> str:
+    snapshot_interval(value)  # ValueError naming the forms that map to a Ceph interval
+    return value
+
+
+def _dataset_prefix(value: str) -> str:
+    # IAM reads `*`, `?` and `${...}` in a resource ARN as wildcards and variables
+    # (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_resource.html), and a prefix
+    # without its final '/' grants every key that merely starts with it ("datasets" also grants "datasets-private/").
+    if value and not (value.endswith("/") and _is_relative_path(value.removesuffix("/"))):
+        raise ValueError(f"{value!r} must be folders of letters, digits, '.', '_' and '-' ending in '/' (such as "
+                         "'datasets/'), or '' for the whole dataset bucket")
     return value
 
 
@@ -114,6 +171,10 @@ def _cidr(value: str) -> str:
 
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
 Quantity = Annotated[str, BeforeValidator(_number_as_text), Field(max_length=32), AfterValidator(_quantity)]
+# A volume or memory size: Kubernetes refuses a claim for 0 bytes (ValidatePositiveQuantityValue on
+# spec.resources.requests.storage, k8s.io/kubernetes pkg/apis/core/validation/validation.go), and a cache or /dev/shm
+# of 0 holds nothing.
+Size = Annotated[Quantity, AfterValidator(_positive)]
 LabelValue = Annotated[str, AfterValidator(_label_value)]
 TagKey = Annotated[str, AfterValidator(_tag_key)]
 TagValue = Annotated[str, AfterValidator(_tag_value)]
@@ -121,9 +182,9 @@ LabelKey = Annotated[str, AfterValidator(_label_key)]
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
 RelativePath = Annotated[str, AfterValidator(_relative_path)]
-Region = Annotated[str, Field(pattern=_REGION.pattern)]
-PrincipalArn = Annotated[str, Field(pattern=_ARN_PRINCIPAL.pattern)]
-RoleArn = Annotated[str, Field(pattern=_ARN_ROLE.pattern)]
+Region = Annotated[str, AfterValidator(_region)]
+PrincipalArn = Annotated[str, Field(max_length=2048), AfterValidator(_principal_arn)]
+RoleArn = Annotated[str, Field(max_length=2048), AfterValidator(_role_arn)]
 # Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
 Positive = Annotated[int, Field(gt=0, le=100_000)]
 # Nodes per pool: an EKS managed node group holds at most 450 nodes by default
@@ -281,19 +342,21 @@ class RookCephSettings(AddonSwitch):
     replicas: Annotated[int, Field(ge=1, le=5)] = 3
     failure_domain: Literal["host", "zone"] = "host"
     # Periodic CephFS snapshots of checkpoint volumes (cron in UTC) and how many to keep.
-    snapshot_schedule: str = "0 */6 * * *"
+    snapshot_schedule: Annotated[str, Field(max_length=64), AfterValidator(_snapshot_schedule)] = "0 */6 * * *"
     snapshot_retention: Annotated[int, Field(ge=1, le=100)] = 8
 
 
 class AlluxioSettings(AddonSwitch):
     # Memory of each cache worker (one per storage node, next to Ceph's OSDs).
-    memory_cache: Quantity = "16Gi"
-    dataset_prefix: str = "datasets/"
+    memory_cache: Size = "16Gi"
+    # Goes into the cache's IAM grant (`<bucket>/<prefix>*`) and its S3 mount: plain folders only (see
+    # _dataset_prefix), or "" for the whole dataset bucket.
+    dataset_prefix: Annotated[str, Field(max_length=512), AfterValidator(_dataset_prefix)] = "datasets/"
 
 
 class MonitoringSettings(AddonSwitch):
-    retention: Annotated[str, Field(pattern=r"^[0-9]+[dhw]$")] = "15d"
-    storage_size: Quantity = "100Gi"
+    retention: Annotated[str, Field(max_length=16), AfterValidator(_retention)] = "15d"
+    storage_size: Size = "100Gi"
 
 
 class GpuHealthSettings(AddonSwitch):
@@ -303,7 +366,7 @@ class GpuHealthSettings(AddonSwitch):
     2 about two minutes, 3 about 15 minutes, 4 longer.
     """
 
-    diag_level: Literal[1, 2, 3, 4] = 1
+    diag_level: Annotated[Literal[1, 2, 3, 4], BeforeValidator(_whole_number)] = 1
     # A GPU must report at least this share of its instance type's nominal memory (A10G/L4/L40S report ~94%).
     min_memory_percent: Annotated[int, Field(ge=50, le=100)] = 90
     # How long the check waits for GPU Operator validation and the MIG layout before it fails the node.
@@ -401,8 +464,8 @@ class Job(Model):
     # Token shards (manifest.json + *.bin, see workloads/README.md) under the dataset bucket's prefix, read
     # through Alluxio. Unset: the trainer generates its synthetic corpus on the checkpoint volume.
     dataset: RelativePath | None = None
-    checkpoint_size: Quantity = "200Gi"
-    shm_size: Quantity = "16Gi"
+    checkpoint_size: Size = "200Gi"
+    shm_size: Size = "16Gi"
     # Seconds the trainer gets after SIGTERM to write a checkpoint (spot gives two minutes' notice).
     checkpoint_grace_seconds: Annotated[int, Field(ge=10, le=3600)] = 100
     autoscaling: Autoscaling = Autoscaling()

@@ -21,7 +21,7 @@ DATA_DIR = Path(__file__).resolve().parent / "release_data"
 _FROM = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.M)
 # Karpenter's AMI alias is `<family>@<version>`, the version `latest` or `v<date>` of an EKS AMI release
 # (karpenter.sh/docs/tasks/managing-amis: `alias: al2023@v20240807` pins one release).
-_ALIAS = re.compile(r"^al2023@v(\d{8})$")
+_ALIAS = re.compile(r"al2023@v([0-9]{8})")
 _DIGEST = "sha256:"
 
 
@@ -50,7 +50,7 @@ def release_problems(release: KubernetesRelease) -> list[str]:
     if release.ami_release != date:
         problems.append(f"{release.version}: ami_release {release.ami_release} differs from the node group "
                         f"release's date {date}")
-    match = _ALIAS.match(release.karpenter_ami_alias)
+    match = _ALIAS.fullmatch(release.karpenter_ami_alias)
     if not match or match.group(1) != date:
         problems.append(f"{release.version}: Karpenter alias {release.karpenter_ami_alias} is not al2023@v{date}")
     return problems

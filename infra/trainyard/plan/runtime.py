@@ -27,7 +27,7 @@ DEFAULT_REGION = "us-east-1"
 # Pulumi stack names: 1-100 letters, digits, `-`, `_` and `.` (the CLI's "stack names are limited to 100 characters
 # and may only contain alphanumeric, hyphens, underscores, or periods"; pulumi/pulumi#1381). Starting with a letter or
 # digit as well, so a name never reads as an option or a hidden file, and never holds a path separator.
-_STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
 def read_stack(stack: str, stacks_dir: Path = STACKS_DIR) -> StackFile:
     """The stack's config as the CLI hands it to the program, or InputError naming the file, line and problem."""
     available = available_stacks(stacks_dir)
-    if not _STACK_NAME.match(stack) or stack not in available:
+    if not _STACK_NAME.fullmatch(stack) or stack not in available:
         raise InputError(f"unknown stack {stack!r}; stacks in {stacks_dir}: {', '.join(available) or 'none'}")
     path = stacks_dir / f"Pulumi.{stack}.yaml"
     shown = _shown(path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,12 +11,12 @@ import pulumi
 
 from trainyard.cloud.context import ClusterContext
 from trainyard.config.model import RookCephSettings, Settings
+from trainyard.config.schedule import snapshot_interval
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release
 
 # ceph-csi creates every CephFS subvolume (checkpoint PVC) under this group directory; one schedule covers all.
 CSI_SUBVOLUME_PATH = "/volumes/csi"
-_CRON_EVERY = re.compile(r"^(?P<minute>\S+) (?P<hour>\S+) (?P<day>\S+) \* \*$")
 
 
 @dataclass(frozen=True)
@@ -37,23 +36,6 @@ class RookCephArgs:
     depends_on: Sequence[pulumi.Resource] = ()
     # The Ceph cluster holds checkpoints: protected unless the stack turns protection off to be destroyed.
     protect: bool = True
-
-
-def snapshot_interval(cron: str) -> str:
-    """A Ceph snap-schedule interval for a periodic cron expression (Ceph schedules by interval, not cron)."""
-    match = _CRON_EVERY.match(cron.strip())
-    fields = match.groupdict() if match else {}
-    step = {name: value.removeprefix("*/") for name, value in fields.items() if value.startswith("*/")}
-    if fields and set(step) == {"minute"} and fields["hour"] == fields["day"] == "*":
-        return f"{step['minute']}m"
-    if fields and fields["minute"] == "0" and set(step) == {"hour"} and fields["day"] == "*":
-        return f"{step['hour']}h"
-    if fields and fields["minute"] == fields["hour"] == "0" and fields["day"] == "*":
-        return "1d"
-    if fields and fields["minute"] == fields["hour"] == "0" and set(step) == {"day"}:
-        return f"{step['day']}d"
-    raise ValueError(f"snapshot schedule {cron!r}: only periodic schedules map to Ceph intervals "
-                     "('*/N * * * *', '0 */N * * *', '0 0 * * *', '0 0 */N * *')")
 
 
 def cluster_values(args: RookCephArgs) -> dict[str, Any]:
