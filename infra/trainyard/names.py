@@ -27,6 +27,13 @@ TIME_SLICED_CONFIG = "time-sliced"
 GPU_HEALTH_TAINT_KEY = "trainyard.io/gpu-health"
 GPU_HEALTH_FAILED_TAINT_KEY = "trainyard.io/gpu-health-failed"
 GPU_HEALTH_LABEL = "trainyard.io/gpu-health"
+# The namespace the GPU admission check runs in (platform/gpu_health.py): reserved like the charts' namespaces.
+GPU_HEALTH_NAMESPACE = "gpu-health"
+# Cilium's startup taint on every node until its agent runs (docs.cilium.io, "Considerations on node pool taints
+# and unmanaged pods").
+CILIUM_AGENT_NOT_READY_TAINT_KEY = "node.cilium.io/agent-not-ready"
+# mig-manager partitions a node's GPUs to the layout this label names (NVIDIA/mig-parted, k8s-mig-manager).
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 KARPENTER = ServiceAccountRef("kube-system", "karpenter")
 EBS_CSI = ServiceAccountRef("kube-system", "ebs-csi-controller-sa")

@@ -44,7 +44,6 @@ GPU_TAINT = Taint.model_validate({"key": names.GPU_TAINT_KEY, "value": "true", "
 # Held from boot until the GPU health check passes (platform/gpu_health.py); NoSchedule, so nothing running is evicted.
 GPU_HEALTH_TAINT = Taint.model_validate({"key": names.GPU_HEALTH_TAINT_KEY, "value": "pending",
                                          "effect": "NoSchedule"})
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 
 def _sharing(pool: NodePool) -> str | None:
@@ -55,7 +54,7 @@ def _sharing(pool: NodePool) -> str | None:
 def pool_labels(pool: NodePool) -> dict[str, str]:
     labels = {**pool.labels, names.ROLE_LABEL: pool.role, names.POOL_LABEL: pool.name}
     if pool.mig_layout is not None:
-        labels[MIG_CONFIG_LABEL] = pool.mig_layout
+        labels[names.MIG_CONFIG_LABEL] = pool.mig_layout
     if sharing := _sharing(pool):
         labels[names.GPU_SHARING_KEY] = sharing
     if pool.gpu_sharing == "time-sliced":

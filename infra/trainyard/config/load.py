@@ -24,6 +24,7 @@ from trainyard.config import rules
 from trainyard.config.addons import addons_section
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
+from trainyard.escape import escaped
 from trainyard.paths import REPO_ROOT, TRAINER_CONFIGS_DIR
 
 # Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
@@ -40,7 +41,8 @@ class ConfigError(pulumi.RunError):
 
     def __init__(self, project: str, stack: str, problems: list[rules.Problem]) -> None:
         self.problems = problems
-        lines = [f"  - {p.path if p.path == rules.STACK_NAME else f'{project}:{p.path}'}: {p.message}"
+        # Escaped: a key or value with a look-alike or zero-width character must not read as the one it imitates.
+        lines = [escaped(f"  - {p.path if p.path == rules.STACK_NAME else f'{project}:{p.path}'}: {p.message}")
                  for p in problems]
         noun = "problem" if len(problems) == 1 else "problems"
         super().__init__(f"stack {stack!r} has {len(problems)} configuration {noun}; nothing was created:\n"
@@ -94,9 +96,11 @@ def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region:
 
 
 def platform_namespaces() -> frozenset[str]:
-    """Namespaces the platform installs into: every release's in the catalogue, and the dataset namespace."""
+    """Namespaces the platform installs into: every release's in the catalogue, the dataset namespace and the GPU
+    health check's."""
     catalogue = load_catalogue(REPO_ROOT)
-    return frozenset({pin.namespace for pin in catalogue.pins.values()} | {names.DATASET_NAMESPACE})
+    return frozenset({pin.namespace for pin in catalogue.pins.values()}
+                     | {names.DATASET_NAMESPACE, names.GPU_HEALTH_NAMESPACE})
 
 
 def _recoverable(loc: tuple[int | str, ...], error_type: str) -> bool:

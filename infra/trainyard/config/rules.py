@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from trainyard.config import name_rules
+from trainyard import names
+from trainyard.config import exposure, name_rules
 from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, Settings, TenantResources
@@ -18,6 +19,10 @@ from trainyard.config.quantity import parse_quantity
 from trainyard.names import fabric_check_job
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# Queues Volcano creates itself (volcano-sh/volcano pkg/scheduler/cache/cache.go newDefaultAndRootQueue, v1.15): a
+# tenant's queue is named after it, so only the default tenant may stand for `default` (it patches that queue).
+VOLCANO_QUEUES = frozenset({"default", "root"})
+LOWERCASE = frozenset("abcdefghijklmnopqrstuvwxyz")
 # RFC 5737 documentation ranges: an example value left in a stack, never a runner's address.
 DOCUMENTATION_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 # The ranges EKS takes a service CIDR from, and its size (serviceIpv4Cidr in
@@ -25,7 +30,7 @@ DOCUMENTATION_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", 
 SERVICE_CIDR_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 SERVICE_CIDR_PREFIXES = range(12, 25)
 # A trainer config is named, never addressed by path: only files directly in workloads/configs/ ship to pods.
-_CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml$")
+_CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
 # The longest suffixes the cloud layer puts after `trainyard-<stack>-` for each kind of name (cloud/buckets.py,
 # cloud/karpenter.py); the plan tests render a stack with the longest accepted name and check every name.
 ACCOUNT_ID = "123456789012"
@@ -79,7 +84,7 @@ def _names(s: Settings) -> Iterator[Problem]:
     if s.target != "aws":
         return
     prefix = f"trainyard-{s.stack}"
-    if not name_rules.DNS1123_LABEL.pattern.match(s.stack):
+    if not name_rules.DNS1123_LABEL.pattern.fullmatch(s.stack):
         yield Problem(STACK_NAME, f"{s.stack!r} goes into S3 bucket names: use lowercase letters, digits and '-', "
                                   "starting and ending with a letter or digit")
         return
@@ -108,7 +113,9 @@ def _target(s: Settings) -> Iterator[Problem]:
     if s.aws is None:
         return
     for i, zone in enumerate(s.aws.availability_zones):
-        if not (zone.startswith(s.aws.region) and len(zone) == len(s.aws.region) + 1):
+        # A zone name is its region's name and one letter (https://docs.aws.amazon.com/global-infrastructure/latest/
+        # regions/aws-availability-zones.html); Local and Wavelength Zones are not for EKS node subnets here.
+        if not (zone.startswith(s.aws.region) and len(zone) == len(s.aws.region) + 1 and zone[-1] in LOWERCASE):
             yield Problem(f"aws.availabilityZones[{i}]", f"{zone!r} is not a zone of region {s.aws.region!r}")
     for zone in _duplicates(s.aws.availability_zones):
         yield Problem("aws.availabilityZones", f"{zone!r} is listed twice")
@@ -127,19 +134,34 @@ def _network(s: Settings) -> Iterator[Problem]:
     if not any(service.subnet_of(r) for r in SERVICE_CIDR_RANGES) or service.prefixlen not in SERVICE_CIDR_PREFIXES:
         yield Problem("network.serviceCidr", f"{service}: EKS takes a service CIDR between /12 and /24 inside "
                                              + ", ".join(map(str, SERVICE_CIDR_RANGES)))
-    for i, cidr in enumerate(s.network.public_access_cidrs):
-        if ipaddress.IPv4Network(cidr).prefixlen == 0:
-            if s.environment == "prod":
-                yield Problem(f"network.publicAccessCidrs[{i}]", "prod may not open the API endpoint to 0.0.0.0/0")
-            elif not s.network.allow_any_public_access:
-                yield Problem(f"network.publicAccessCidrs[{i}]", "0.0.0.0/0 opens the API endpoint to anyone; "
-                                                                 "set network.allowAnyPublicAccess: true to mean it")
+    yield from _exposure(s, "network.publicAccessCidrs", s.network.public_access_cidrs, "the public API endpoint")
+    if s.deploy is not None:
+        # The private endpoint's security group admits these on 443 (cloud/cluster.py): the same judgement.
+        yield from _exposure(s, "deploy.runnerCidrs", s.deploy.runner_cidrs,
+                             "the private API endpoint's security group")
+
+
+def _exposure(s: Settings, at: str, cidrs: list[str], what: str) -> Iterator[Problem]:
+    """A list that admits most of the internet is 0.0.0.0/0, however it is split or spelt (config/exposure.py)."""
+    if not exposure.opens_to_anyone(cidrs):
+        return
+    # Name the entries that open it alone; only a split list is named as a whole.
+    alone = [(f"{at}[{i}]", [c]) for i, c in enumerate(cidrs) if exposure.opens_to_anyone([c])]
+    for path, opening in alone or [(at, cidrs)]:
+        subject = f"{opening[0]} opens" if len(opening) == 1 else "together they open"
+        opened = f"{subject} {what} to {exposure.describe(opening)}, as good as 0.0.0.0/0"
+        if s.environment == "prod":
+            yield Problem(path, f"prod may not open the API endpoint to the internet: {opened}")
+        elif not s.network.allow_any_public_access:
+            yield Problem(path, f"{opened}; list your own egress ranges, or set network.allowAnyPublicAccess: true "
+                                "to mean it")
 
 
 def _placeholders(at: str, cidrs: list[str]) -> Iterator[Problem]:
     for i, cidr in enumerate(cidrs):
         net = ipaddress.IPv4Network(cidr)
-        if net.prefixlen and any(net.overlaps(doc) for doc in DOCUMENTATION_RANGES):
+        # Inside a documentation range: a wider block that merely holds one is judged by _exposure instead.
+        if any(net.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
             yield Problem(f"{at}[{i}]", f"{cidr} is a documentation range (RFC 5737: 192.0.2.0/24, "
                                         "198.51.100.0/24, 203.0.113.0/24), not your deploy runners' addresses")
 
@@ -231,7 +253,11 @@ def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
                                            + _allowed(n for n, it in INSTANCE_TYPES.items() if it.efa_interfaces))
         if pool.role != "gpu":
             yield Problem(f"{at}.efa", "EFA is only configured on 'gpu' pools")
+    yield from _pool_labels(at, pool)
+    yield from _pool_taints(at, pool)
     if pool.zones is not None:
+        for zone in _duplicates(pool.zones):
+            yield Problem(f"{at}.zones", f"{zone!r} is listed twice")
         for j, zone in enumerate(pool.zones):
             if zones and zone not in zones:
                 yield Problem(f"{at}.zones[{j}]", f"{zone!r} is not one of aws.availabilityZones: {_allowed(zones)}")
@@ -290,6 +316,57 @@ def _capacity_reservations(at: str, pool: NodePool, zones: set[str]) -> Iterator
                                        "would be paid for and never launched")
 
 
+# EKS managed node groups (system and storage pools) take label keys and values of 1-63 characters and taint keys
+# of 1-63 (labels in https://docs.aws.amazon.com/eks/latest/APIReference/API_CreateNodegroup.html, key in
+# API_Taint.html); GPU pools are Karpenter NodePools, whose template labels Karpenter validates itself.
+EKS_LABEL_MAX = 63
+# Taints the platform sets and removes itself (GPU admission, Cilium's agent-not-ready): a pool's own taint with
+# the same key would duplicate it (Karpenter refuses a repeated key and effect across taints and startupTaints) or
+# never be removed.
+PLATFORM_TAINT_KEYS = frozenset({names.GPU_HEALTH_TAINT_KEY, names.GPU_HEALTH_FAILED_TAINT_KEY,
+                                 names.CILIUM_AGENT_NOT_READY_TAINT_KEY})
+# Labels the program sets on every node from the pool's role, name, MIG layout and GPU sharing (cloud/aws.py
+# pool_labels).
+PROGRAM_LABELS = frozenset({names.ROLE_LABEL, names.POOL_LABEL, names.MIG_CONFIG_LABEL, names.GPU_SHARING_KEY,
+                            names.DEVICE_PLUGIN_CONFIG_LABEL})
+
+
+def _pool_labels(at: str, pool: NodePool) -> Iterator[Problem]:
+    for key, value in pool.labels.items():
+        where = f"{at}.labels.{key}"
+        if key in PROGRAM_LABELS:
+            yield Problem(where, f"label {key!r} is set by trainyard from the pool's role, name, migLayout and "
+                                 "gpuSharing")
+        elif pool.role == "gpu":
+            if problem := name_rules.karpenter_label_problem(key):
+                yield Problem(where, problem)
+        elif problem := name_rules.kubelet_label_problem(key):
+            yield Problem(where, problem)
+        elif len(key) > EKS_LABEL_MAX:
+            yield Problem(where, f"label key {key!r} has {len(key)} characters; an EKS managed node group takes "
+                                 f"at most {EKS_LABEL_MAX}")
+        elif not value:
+            yield Problem(where, "an EKS managed node group takes no empty label value (1-63 characters)")
+
+
+def _pool_taints(at: str, pool: NodePool) -> Iterator[Problem]:
+    # Taints are unique by key and effect on a node (k8s.io/kubernetes pkg/apis/core/validation/validation.go
+    # validateNodeTaints) and in a NodePool (sigs.k8s.io/karpenter pkg/apis/v1/nodeclaim_validation.go
+    # validateTaintsField): a repeat is refused, never merged.
+    seen: dict[tuple[str, str], int] = {}
+    for j, taint in enumerate(pool.taints):
+        where = f"{at}.taints[{j}]"
+        if (taint.key, taint.effect) in seen:
+            yield Problem(where, f"repeats taints[{seen[taint.key, taint.effect]}] ({taint.key}:{taint.effect}); a "
+                                 "node's taints are unique by key and effect")
+        seen.setdefault((taint.key, taint.effect), j)
+        if taint.key in PLATFORM_TAINT_KEYS:
+            yield Problem(f"{where}.key", f"{taint.key!r} is a taint the platform sets and removes itself")
+        if pool.role != "gpu" and len(taint.key) > EKS_LABEL_MAX:
+            yield Problem(f"{where}.key", f"taint key {taint.key!r} has {len(taint.key)} characters; an EKS managed "
+                                          f"node group takes at most {EKS_LABEL_MAX}")
+
+
 def _mig_layouts(s: Settings, mig: MigCatalog) -> Iterator[Problem]:
     for i, pool in enumerate(s.node_pools):
         if pool.mig_layout is None or pool.role != "gpu":
@@ -328,6 +405,21 @@ def _addons(s: Settings) -> Iterator[Problem]:
     if a.gpu_operator.time_slicing.enabled and not sliced:
         yield Problem("addons.gpuOperator.timeSlicing.enabled", "no pool has gpuSharing: time-sliced, so nothing "
                                                                 "would use the time-sliced device plugin config")
+    if s.target == "aws" and not a.gpu_operator.enabled:
+        # Without the GPU Operator no device plugin advertises nvidia.com/gpu or a MIG slice and mig-manager never
+        # partitions a node (NVIDIA k8s-device-plugin README): such pods stay Pending forever.
+        for i, job in enumerate(s.workloads):
+            if job.gpus_per_node or job.mig_profile:
+                yield Problem(f"workloads[{i}]", "requests GPUs while addons.gpuOperator.enabled is false: no device "
+                                                 "plugin advertises them, so the job would hang Pending")
+        for pool in s.fabric_checked_pools:
+            yield Problem(f"nodePools[{s.node_pools.index(pool)}].efa",
+                          "the fabric check takes whole GPUs while addons.gpuOperator.enabled is false: it would "
+                          "hang Pending (or set fabricCheck.enabled: false)")
+        for i, pool in enumerate(s.node_pools):
+            if pool.mig_layout is not None:
+                yield Problem(f"nodePools[{i}].migLayout", "needs addons.gpuOperator.enabled: mig-manager, which "
+                                                           "applies the layout, is part of the GPU Operator")
     if s.target == "aws" and a.gpu_health.enabled and not a.gpu_operator.enabled:
         yield Problem("addons.gpuHealth.enabled", "the admission check waits for GPU Operator validation: needs "
                                                   "addons.gpuOperator.enabled")
@@ -395,6 +487,10 @@ def _tenants(s: Settings, taken: frozenset[str]) -> Iterator[Problem]:
         yield Problem(f"tenants[{i}].default", f"at most one tenant may be the default; tenants[{defaults[0]}] "
                                                "already is")
     for i, t in enumerate(s.tenants):
+        if t.name in VOLCANO_QUEUES and not t.default:
+            yield Problem(f"tenants[{i}].name", f"{t.name!r} is the name of a queue Volcano creates itself, and a "
+                                                "tenant's queue takes its name: choose another (only the default "
+                                                "tenant takes over Volcano's default queue)")
         if t.namespace_name in taken:
             key = "namespace" if t.namespace is not None else "name"
             yield Problem(f"tenants[{i}].{key}", f"namespace {t.namespace_name!r} is reserved for Kubernetes or the "
@@ -414,7 +510,7 @@ def _quota_below_capability(at: str, quota: TenantResources, capability: TenantR
 
 def _trainer_config(at: str, name: str, configs: Path) -> Iterator[Problem]:
     available = _allowed(p.name for p in configs.glob("*.y*ml") if p.is_file()) or "none"
-    if not _CONFIG_NAME.match(name):
+    if not _CONFIG_NAME.fullmatch(name):
         yield Problem(at, f"{name!r} must be the name of a file in workloads/configs/ (no folders, '..' or absolute "
                           f"paths); available: {available}")
         return
@@ -449,6 +545,12 @@ def _fabric_check(s: Settings) -> Iterator[Problem]:
     for pool in pools:
         at = f"nodePools[{s.node_pools.index(pool)}]"
         name = fabric_check_job(pool.name)
+        if pool.mig_layout is not None:
+            # The check requests whole GPUs (nvidia.com/gpu); with the mixed MIG strategy
+            # (platform/gpu-operator/values.yaml) a MIG-partitioned GPU is advertised only as its slices.
+            yield Problem(f"{at}.efa", f"the fabric check takes whole GPUs, which a pool with migLayout "
+                                       f"{pool.mig_layout!r} never advertises: it would hang Pending; drop efa or "
+                                       f"migLayout, {off}")
         if pool.max_size < 2:
             yield Problem(f"{at}.maxSize", f"the fabric check runs on 2 nodes of every EFA pool: must be at least 2, "
                                            f"{off}")

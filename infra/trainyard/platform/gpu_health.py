@@ -42,7 +42,7 @@ from trainyard.platform.kube import k8s_options, labels
 from trainyard.platform.scheduling import startup_tolerations, tolerations_for
 
 SCRIPT = PLATFORM_DIR / "gpu-health" / "gpu-health-check.sh"
-NAMESPACE = "gpu-health"
+NAMESPACE = names.GPU_HEALTH_NAMESPACE
 NAME = "gpu-health-check"
 REAPER = "gpu-health-reaper"
 # Often enough that a node outlives its hold by at most this much.

@@ -38,7 +38,7 @@ ROOT_DEVICE = "/dev/xvda"
 # Cilium removes this taint once its agent runs on the node; until then no pod may start there.
 # The device plugin's name for time-sliced replicas (renameByDefault: platform/gpu-operator/values.yaml).
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
-CILIUM_STARTUP_TAINT = {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}
+CILIUM_STARTUP_TAINT = {"key": names.CILIUM_AGENT_NOT_READY_TAINT_KEY, "value": "true", "effect": "NoExecute"}
 # Empty nodes go after a short wait (GPU hours are expensive); non-empty ones are never consolidated.
 CONSOLIDATE_AFTER = "10m"
 # How long a deleted node waits for its pods (a checkpoint) before they are removed anyway.
