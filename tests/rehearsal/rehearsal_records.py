@@ -73,6 +73,11 @@ def cilium(*deps: ResourceRecord, skip_await: bool = True) -> ResourceRecord:
                    atomic=not skip_await, skip_await=skip_await)
 
 
+def gpu_operator(*deps: ResourceRecord) -> ResourceRecord:
+    """The GPU Operator, whose device plugin advertises nvidia.com/gpu and MIG slices on GPU nodes."""
+    return release("gpu-operator", "gpu-operator", {}, *deps, skip_await=True)
+
+
 def karpenter_pool(name: str, instance: str, *deps: ResourceRecord, labels: dict[str, str] | None = None,
                    taints: list[dict[str, str]] | None = None) -> tuple[ResourceRecord, ResourceRecord]:
     node_class = rec(NODE_CLASS, f"{name}-nodeclass", {"metadata": {"name": name}}, deps)

@@ -9,6 +9,7 @@ from rehearsal_records import (
     PVC,
     cilium,
     cluster,
+    gpu_operator,
     gpu_pod,
     job,
     karpenter_pool,
@@ -227,11 +228,13 @@ def test_enqueue_keeps_a_gang_for_an_empty_gpu_pool_pending() -> None:
     karpenter = _karpenter(system)
     node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
     gpu_job = gpu_pod("h100", {"nvidia.com/gpu": "8"})
+    plugin = gpu_operator(system)
     enqueue = _volcano("enqueue, allocate, backfill", system)
-    assert rules_of(eks, cni, system, karpenter, node_class, pool, enqueue, job("train", gpu_job, enqueue)) == [
-        ("gang-admitted", "train")]
+    assert rules_of(eks, cni, system, karpenter, plugin, node_class, pool, enqueue,
+                    job("train", gpu_job, enqueue)) == [("gang-admitted", "train")]
     allocate = _volcano("allocate, backfill", system)
-    assert findings(eks, cni, system, karpenter, node_class, pool, allocate, job("train", gpu_job, allocate)) == []
+    assert findings(eks, cni, system, karpenter, plugin, node_class, pool, allocate,
+                    job("train", gpu_job, allocate)) == []
 
 
 def test_a_reclaimable_queue_needs_the_reclaim_action() -> None:
@@ -306,12 +309,13 @@ def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None
         "metadata": {"name": "team"}, "spec": {"capability": {"nvidia.com/gpu": "16"}}}, (volcano,))
     gang = job("train", gpu_pod("h100", {"nvidia.com/gpu": "8"}), volcano, queue, replicas=3)
     gang = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "queue": "team"}}, (volcano, queue))
-    problems = findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, gang)
+    plugin = gpu_operator(system)
+    problems = findings(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, gang)
     assert [f.rule for f in problems] == ["queue-fits", "karpenter-can-launch"]
     assert "queue team may hold: 24 nvidia.com/gpu (capability 16)" in problems[0].problem
     assert "limits of NodePool(s) h100 allow (16)" in problems[1].problem
     two = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "minAvailable": 2}}, (volcano, queue))
-    assert findings(eks, cni, system, karpenter, node_class, limited, volcano, queue, two) == []
+    assert findings(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, two) == []
 
 
 def test_three_mons_need_three_nodes_their_placement_admits() -> None:
@@ -412,3 +416,41 @@ def test_a_pool_whose_admission_can_fail_needs_something_that_reclaims_its_nodes
     # Near misses: a finite expiry ends every node; Cilium's taint alone shows as NotReady, which repair handles.
     assert not lifecycle_problems(*_limited_pool({"nodes": "2"}, startup=GATE, expire="720h"))
     assert not lifecycle_problems(*_limited_pool({"nodes": "2"}, startup=GATE[:1]))
+
+
+def test_gpu_jobs_without_the_gpu_operator_would_hang() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    volcano = _volcano("allocate, backfill", system)
+    for resources in ({"nvidia.com/gpu": "8"}, {"nvidia.com/mig-1g.10gb": "1"}):
+        train = job("train", gpu_pod("h100", resources), volcano)
+        off = [f for f in findings(eks, cni, system, karpenter, node_class, pool, volcano, train)
+               if f.rule == "gpu-device-plugin"]
+        assert len(off) == 1 and "would hang Pending" in off[0].problem, off
+        assert next(iter(resources)) in off[0].problem
+        on = findings(eks, cni, system, karpenter, gpu_operator(system), node_class, pool, volcano, train)
+        assert "gpu-device-plugin" not in [f.rule for f in on]
+    cpu = job("cpu", gpu_pod("h100", {"cpu": "1"}), volcano)
+    assert findings(eks, cni, system, karpenter, node_class, pool, volcano, cpu) == []
+
+
+def test_whole_gpus_on_a_mig_pool_would_hang() -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    plugin = gpu_operator(system)
+    volcano = _volcano("allocate, backfill", system)
+    mig_labels = {"trainyard.io/pool": "h100", "nvidia.com/mig.config": "all-1g.10gb"}
+    node_class, mig_pool = karpenter_pool("h100", "p5.48xlarge", karpenter, labels=mig_labels, taints=[GPU_TAINT])
+    fabric = job("fabric-check-h100", gpu_pod("h100", {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}),
+                 volcano, replicas=2)
+    hang = findings(eks, cni, system, karpenter, plugin, node_class, mig_pool, volcano, fabric)
+    assert [f.rule for f in hang] == ["whole-gpus-on-mig"] and "would hang Pending" in hang[0].problem
+    assert "h100" in hang[0].problem
+    report = rehearsed(recording(eks, cni, system, karpenter, plugin, node_class, mig_pool, volcano, fabric))
+    assert not report.passed
+    node_class, whole = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    assert findings(eks, cni, system, karpenter, plugin, node_class, whole, volcano, fabric) == []
+    slices = job("eval", gpu_pod("h100", {"nvidia.com/mig-1g.10gb": "1"}), volcano)
+    assert "whole-gpus-on-mig" not in [f.rule for f in findings(eks, cni, system, karpenter, plugin, node_class,
+                                                                  mig_pool, volcano, slices)]

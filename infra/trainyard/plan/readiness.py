@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard import names
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_model import (
@@ -295,6 +296,41 @@ def karpenter_can_launch(record: ResourceRecord, moment: Moment) -> str | None:
     return _within_pool_limits(record, pools)
 
 
+# nvidia.com/gpu and nvidia.com/mig-* are extended resources only the NVIDIA device plugin advertises on a node,
+# and the GPU Operator is what deploys it here (kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/
+# device-plugins; NVIDIA/gpu-operator): without it Karpenter may launch the node, but the pod stays Pending.
+GPU_OPERATOR_CHART = "gpu-operator"
+
+
+def gpu_device_plugin(record: ResourceRecord, moment: Moment) -> str | None:
+    if GPU_OPERATOR_CHART in moment.after.charts:
+        return None
+    for pod, _replicas in _task_pods(record):
+        if nvidia := [r for r in pod.extended_resources if r.startswith("nvidia.com/")]:
+            return (f"{pod.name} would hang Pending: it requests {', '.join(nvidia)}, which only the device plugin "
+                    f"of the GPU Operator advertises, and no {GPU_OPERATOR_CHART} release is installed")
+    return None
+
+
+# With the mixed MIG strategy (platform/gpu-operator/values.yaml) the device plugin advertises a MIG-enabled GPU
+# only as its slices, nvidia.com/mig-<profile>, never as nvidia.com/gpu (NVIDIA/k8s-device-plugin README, "MIG
+# support"): a pod asking for whole GPUs never fits a node mig-manager partitioned (nvidia.com/mig.config).
+WHOLE_GPU = "nvidia.com/gpu"
+
+
+def whole_gpus_on_mig(record: ResourceRecord, moment: Moment) -> str | None:
+    pools = ready_pools(moment.after)
+    for pod, _replicas in _task_pods(record):
+        if WHOLE_GPU not in pod.requests:
+            continue
+        landing = [p for p in pools if label_mismatch(pod, p) is None and not untolerated(pod, p)]
+        if landing and all(names.MIG_CONFIG_LABEL in p.labels for p in landing):
+            return (f"{pod.name} would hang Pending: it requests whole GPUs ({WHOLE_GPU}) and every pool it may "
+                    f"land on ({', '.join(p.name for p in landing)}) partitions its GPUs with MIG "
+                    f"({names.MIG_CONFIG_LABEL}), which advertises only MIG slices")
+    return None
+
+
 # Karpenter launches no node past a NodePool's spec.limits (karpenter.sh/docs/concepts/nodepools, "Limits"): a
 # gang needing more of a limited resource than its pools may hold never gets all its nodes.
 def _within_pool_limits(record: ResourceRecord, pools: tuple[Pool, ...]) -> str | None:
@@ -455,6 +491,10 @@ RULES: tuple[Rule, ...] = (
     Rule("queue-fits", _is(VOLCANO_JOB), queue_fits, "Volcano proportion plugin: queue capability"),
     Rule("karpenter-can-launch", _is(VOLCANO_JOB), karpenter_can_launch,
          "Karpenter scheduling docs and NodePool limits; aws/karpenter-provider-aws PR 8710 (NodeOverlay)"),
+    Rule("gpu-device-plugin", _is(VOLCANO_JOB), gpu_device_plugin,
+         "Kubernetes device plugins; the NVIDIA device plugin is deployed by the GPU Operator"),
+    Rule("whole-gpus-on-mig", _is(VOLCANO_JOB), whole_gpus_on_mig,
+         "NVIDIA/k8s-device-plugin README, MIG support (mixed strategy)"),
     Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
     Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
