@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from trainyard.escape import escaped
 from trainyard.safe_paths import UnsafePathError, check_root, inside, relative_parts, write_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -544,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"upstream data in {args.dest}: {fetched} files from {mirror or 'the internet'}, {kept} already "
                   f"there; all {fetched + kept} match {LOCK.name}")
     except UpstreamError as error:
-        print(f"tools/upstream.py {args.command}: {error}", file=sys.stderr)
+        print(escaped(f"tools/upstream.py {args.command}: {error}"), file=sys.stderr)
         if isinstance(error, DataError):
             print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a "
                   "mirror (a checkout's ../shared/upstream).", file=sys.stderr)

@@ -31,7 +31,7 @@ from trainyard.plan.images import unpinned
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderError
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
-from trainyard.plan.writers import check_out, write_plan
+from trainyard.plan.writers import check_out, check_unique_objects, write_plan
 from trainyard.safe_paths import UnsafePathError, write_file
 
 GRAPH_SUFFIXES = (".dot", ".mmd")
@@ -99,6 +99,7 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         _check_writable_file(graph_file, "--graph")
     with _progress(stack_name, recording):
         planned = plan_stack(stack, recording)
+    check_unique_objects(recording)
     settings, rendered = planned.settings, planned.rendered
     if moving := unpinned(rendered):
         raise RenderError("images without a pinned tag (a release tag or a digest), so the plan cannot say what "

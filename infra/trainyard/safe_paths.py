@@ -22,13 +22,13 @@ def relative_parts(rel: str) -> tuple[str, ...]:
     if not rel:
         raise UnsafePathError("an empty path")
     if bad := next((c for c in rel if ord(c) < 0x20 or c in "\x7f\\"), None):
-        raise UnsafePathError(f"{rel!r} holds the character {bad!r}; only plain relative paths are allowed")
+        raise UnsafePathError(f"{rel!a} holds the character {bad!a}; only plain relative paths are allowed")
     path = PurePosixPath(rel)
     if path.is_absolute():
-        raise UnsafePathError(f"{rel!r} is an absolute path; only paths inside the folder are allowed")
+        raise UnsafePathError(f"{rel!a} is an absolute path; only paths inside the folder are allowed")
     parts = rel.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise UnsafePathError(f"{rel!r} has an empty, '.' or '..' part; only plain relative paths are allowed")
+        raise UnsafePathError(f"{rel!a} has an empty, '.' or '..' part; only plain relative paths are allowed")
     return tuple(parts)
 
 

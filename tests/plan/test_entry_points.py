@@ -3,6 +3,7 @@ never deletes or overwrites a file it did not write."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -36,6 +37,21 @@ BAD_STACKS: dict[str, bytes] = {
     "tenant-in-monitoring": DEV.replace("    - name: research\n", "    - name: research\n      namespace: monitoring\n")
     .encode(),
     "region-mismatch": (DEV + "  aws:region: us-east-1\n").encode(),
+    # Values that passed validation and then crashed `plan --out` (issue 24): each is now named by its key.
+    "tenant-in-gpu-health": DEV.replace("    - name: research\n", "    - name: research\n      namespace: gpu-health\n")
+    .encode(),
+    "tenant-named-default": DEV.replace("  trainyard:workloads:", "    - name: default\n      namespace: team-d\n"
+                                        "  trainyard:workloads:").encode(),
+    "tenant-named-root": DEV.replace("  trainyard:workloads:", "    - name: root\n  trainyard:workloads:").encode(),
+    "snapshot-not-periodic": DEV.replace("    rookCeph:\n", "    rookCeph:\n      snapshotSchedule: bogus\n").encode(),
+    "snapshot-step-zero": DEV.replace("    rookCeph:\n", "    rookCeph:\n      snapshotSchedule: '*/0 * * * *'\n")
+    .encode(),
+    "dataset-prefix-wildcard": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: 'data*/'\n").encode(),
+    "dataset-prefix-no-slash": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: datasets\n").encode(),
+    "zone-not-a-letter": DEV.replace("us-west-2b]", "us-west-2-]").encode(),
+    "checkpoint-of-zero": DEV.replace("checkpointSize: 10Gi", "checkpointSize: '0'").encode(),
+    "lookalike-key": DEV.replace("  trainyard:buckets:", "  trainyard:buck\u0435ts:").encode(),
+    "zero-width-key": DEV.replace("      weight: 1\n", "      we\u200bight: 1\n").encode(),
 }
 
 
@@ -130,7 +146,8 @@ def _graph_over_notes(tmp_path: Path) -> str:
 # (id, argv built from the stacks folder and tmp_path)
 Argv = Callable[[Path, Path], list[str]]
 CASES: list[tuple[str, Argv]] = [
-    *((f"plan-{name}", lambda s, t, name=name: ["plan", "--stack", name, "--stacks-dir", str(s)])
+    *((f"plan-{name}", lambda s, t, name=name: ["plan", "--stack", name, "--stacks-dir", str(s), "--out",
+                                                str(t / "out")])
       for name in BAD_STACKS),
     ("plan-unknown-stack", lambda s, t: ["plan", "--stack", "nope", "--stacks-dir", str(s)]),
     ("plan-path-stack", lambda s, t: ["plan", "--stack", "../stacks/Pulumi.good", "--stacks-dir", str(s)]),
@@ -187,6 +204,26 @@ def test_bad_input_is_one_message_and_exit_2(stacks_dir: Path, tmp_path: Path, c
     assert err.startswith("error: ") and err.count("error: ") == 1, err
     assert _snapshot(tmp_path) == before, "a refused command changed files"
     assert _links(tmp_path) == links
+
+
+@pytest.mark.parametrize(("name", "shown"), [("lookalike-key", "buck\\u0435ts"), ("zero-width-key", "we\\u200bight")])
+def test_a_key_with_hidden_characters_is_shown_escaped(stacks_dir: Path, name: str, shown: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", name, "--stacks-dir", str(stacks_dir)]) == 2
+    err = capsys.readouterr().err
+    assert shown in err and err.isascii(), err
+
+
+def test_two_resources_for_one_object_are_one_message_not_a_traceback(tmp_path: Path) -> None:
+    from trainyard.plan.writers import check_unique_objects
+    twice = _recording("a")
+    again = twice.resources[0]
+    twice.resources.append(dataclasses.replace(again, urn=again.urn + "-again", name="a-again"))
+    with pytest.raises(ValueError, match="creates the ConfigMap 'a' in namespace ns twice"):
+        check_unique_objects(twice)
+    with pytest.raises(ValueError, match="twice"):
+        write_plan(twice, tmp_path / "plan")
+    assert not (tmp_path / "plan").exists()
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,39 @@ def test_stack_edit_of_pool_size_and_mig_layout_shows_resources_gpus_slices_and_
     assert diff.hourly_usd == pytest.approx(2 * p5.hourly_usd_per_node)
     text = format_diff([diff], "markdown", "HEAD")
     assert "| h100 | +2 | +16 |" in text and "karpenter-h100-mig-nodepool" in text
+
+
+# ---- a base the diff cannot render is one message naming it ---------------------------------------------------------
+
+def _tree(tmp_path: Path, runtime: str) -> Path:
+    """A checkout whose trainyard package has `runtime` as trainyard/plan/runtime.py."""
+    plan = tmp_path / "base" / "infra" / "trainyard" / "plan"
+    plan.mkdir(parents=True)
+    (plan.parent / "__init__.py").write_text("")
+    (plan / "__init__.py").write_text("")
+    (plan / "runtime.py").write_text(runtime)
+    return tmp_path / "base"
+
+
+@pytest.mark.parametrize(("runtime", "shown"), [
+    ("def available_stacks(): return ['dev']\n", "ImportError"),  # older than the plan API (the first commit)
+    ("raise ZeroDivisionError('its own bug')\n", "ZeroDivisionError: its own bug"),
+    ("import sys\nprint('not json'); sys.exit(0)\n", "Expecting value"),  # exits 0 with no render
+])
+def test_a_base_that_cannot_be_rendered_is_named_not_traced(tmp_path: Path, runtime: str, shown: str) -> None:
+    root = _tree(tmp_path, runtime)
+    with pytest.raises(ValueError, match=r"--base abc123: `trainyard diff` cannot render this revision") as raised:
+        render_tree(root, ["dev"], revision="abc123")
+    assert shown in str(raised.value) and "Traceback" not in str(raised.value)
+
+
+def test_a_base_with_a_link_out_of_its_tree_is_refused(tmp_path: Path) -> None:
+    from trainyard.plan.diff import checkout
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "escape").symlink_to("/etc")
+    git = ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t", "-C", str(repo)]
+    for args in (["init", "-q"], ["add", "escape"], ["commit", "-q", "-m", "link"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    with pytest.raises(ValueError, match="--base HEAD: its files cannot be unpacked safely"), checkout(repo, "HEAD"):
+        pass

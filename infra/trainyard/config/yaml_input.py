@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from trainyard.escape import escaped
+
 # A stack file is a few KiB (prod: under 5); these bounds are 50 times that and keep a hostile one cheap to refuse:
 # bench/config_input.py prints the times.
 MAX_BYTES = 256 * 1024
@@ -24,7 +26,11 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class InputError(ValueError):
-    """A file or command-line value the program refuses; the message says where and what, for one line of output."""
+    """A file or command-line value the program refuses; the message says where and what, for one line of output
+    (non-ASCII and control characters shown escaped)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(escaped(message))
 
 
 def load_yaml(path: Path, shown: str | None = None) -> Any:

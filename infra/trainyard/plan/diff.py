@@ -6,10 +6,12 @@ by running that ref's own code in a subprocess, so a diff never mixes base and h
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -240,29 +242,39 @@ def parse_renders(payload: str) -> dict[str, StackRender]:
     return renders
 
 
-def render_tree(root: Path, stacks: Sequence[str]) -> dict[str, StackRender]:
-    """Render `stacks` with the code in `root` (a checkout: root/infra/trainyard), in a fresh interpreter."""
+def render_tree(root: Path, stacks: Sequence[str], revision: str | None = None) -> dict[str, StackRender]:
+    """Render `stacks` with the code in `root` (a checkout: root/infra/trainyard), in a fresh interpreter.
+
+    `revision`: the git ref `root` was checked out from. Its code is the user's choice of base, so any failure to
+    render there (a revision older than the plan API, its own bug) is one message naming it, not a traceback.
+    """
     env = {**os.environ, "PYTHONPATH": str(root / "infra")}
     done = subprocess.run([sys.executable, "-c", _RENDER_SCRIPT, str(root), *stacks], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
+    where = f"--base {revision}" if revision is not None else f"rendering at {root}"
     if done.returncode == _BAD_INPUT:
-        raise InputError(f"rendering at {root}: {done.stderr.strip()}")
-    if done.returncode != 0:
-        raise RuntimeError(f"rendering {', '.join(stacks)} in {root} failed:\n{done.stderr[-4000:]}")
-    return parse_renders(done.stdout.strip().splitlines()[-1])
+        raise InputError(f"{where}: {done.stderr.strip()}")
+    try:
+        if done.returncode != 0:
+            raise RuntimeError(f"rendering {', '.join(stacks)} in {root} failed:\n{done.stderr[-4000:]}")
+        return parse_renders(done.stdout.strip().splitlines()[-1])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+        if revision is None:
+            raise
+        last = (done.stderr.strip().splitlines() or [str(error)])[-1]
+        raise InputError(f"{where}: `trainyard diff` cannot render this revision ({last}); it predates the plan "
+                         "API or fails on its own: compare against a later commit") from None
 
 
 def resolve_ref(repo: Path, ref: str) -> str:
     """`ref` when git knows it as a commit, else InputError (checked before anything is rendered)."""
-    if ref.startswith("-") or subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                                             cwd=repo, capture_output=True, check=False).returncode != 0:
+    if ref.startswith("-") or _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
         raise InputError(f"--base {ref!r}: not a commit, branch or tag in {repo} (try `git fetch`, or HEAD)")
     return ref
 
 
 def default_base(repo: Path) -> str:
-    has_origin = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "origin/main"], cwd=repo,
-                                capture_output=True, check=False).returncode == 0
+    has_origin = _git(repo, "rev-parse", "--verify", "--quiet", "origin/main").returncode == 0
     return "origin/main" if has_origin else "HEAD"
 
 
@@ -270,15 +282,28 @@ def default_base(repo: Path) -> str:
 def checkout(repo: Path, ref: str) -> Iterator[Path]:
     """`ref`'s files in a temporary directory (git archive: no worktree bookkeeping left behind in the repo)."""
     with tempfile.TemporaryDirectory(prefix="trainyard-base-") as tmp:
-        archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=repo, capture_output=True, check=False)
+        archive = _git(repo, "archive", "--format=tar", ref)
         if archive.returncode != 0:
-            raise RuntimeError(f"git archive {ref} failed: {archive.stderr.decode(errors='replace').strip()}")
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            raise InputError(f"--base {ref}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+        # Python's tarfile with the data filter: no member may land outside `tmp` (absolute names, `..`, links
+        # pointing out), whatever the revision holds.
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(tmp, filter="data")
+        except tarfile.TarError as error:
+            raise InputError(f"--base {ref}: its files cannot be unpacked safely ({error})") from None
         yield Path(tmp)
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, check=False)
+    except OSError as error:
+        raise InputError(f"`trainyard diff` needs git: {error.strerror or error}") from None
 
 
 def diff_against(repo: Path, ref: str, stacks: Sequence[str]) -> list[StackDiff]:
     head = render_tree(repo, stacks)
     with checkout(repo, ref) as base_root:
-        base = render_tree(base_root, stacks)
+        base = render_tree(base_root, stacks, revision=ref)
     return [diff_stack(s, base.get(s, StackRender(exists=False)), head[s]) for s in stacks]

@@ -59,8 +59,31 @@ def manifest_filename(obj: dict[str, Any]) -> str:
     return f"{namespace}.{str(obj.get('kind', 'Unknown')).lower()}.{metadata.get('name', 'unnamed')}.yaml"
 
 
+def object_identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(API group, kind, namespace, name): what the API server keys an object by, whatever its version."""
+    metadata = obj.get("metadata") or {}
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    return group, str(obj.get("kind", "")), str(metadata.get("namespace") or ""), str(metadata.get("name", ""))
+
+
+def check_unique_objects(recording: Recording) -> None:
+    """InputError when two resources would create (or patch) one Kubernetes object: `pulumi up` would fail on
+    the second ("already exists") or the two would overwrite each other, so the stack cannot be deployed."""
+    owners: dict[tuple[str, str, str, str], ResourceRecord] = {}
+    for record in sorted(recording.resources, key=lambda r: r.urn):
+        if not is_kubernetes_object(record):
+            continue
+        identity = object_identity(manifest_of(record))
+        if (first := owners.setdefault(identity, record)) is not record:
+            _, kind, namespace, name = identity
+            where = f" in namespace {namespace}" if namespace else ""
+            raise InputError(f"the stack creates the {kind} {name!r}{where} twice ({first.name} and {record.name}): "
+                             "a tenant, pool or job name takes a name the platform already uses; rename it")
+
+
 def plan_files(recording: Recording, rendered: RenderedStack | None = None) -> dict[str, str]:
     """Relative path -> text of every file a plan writes; the same recording always gives the same bytes."""
+    check_unique_objects(recording)
     resources = sorted(recording.resources, key=lambda r: r.urn)
     dependencies = graph.build(recording)
     files = {
@@ -76,8 +99,8 @@ def plan_files(recording: Recording, rendered: RenderedStack | None = None) -> d
         elif is_kubernetes_object(record):
             obj = manifest_of(record)
             path = f"manifests/{manifest_filename(obj)}"
-            if path in files:
-                raise ValueError(f"two Kubernetes objects would both be written to {path}")
+            if path in files:  # distinct objects whose names differ only in API group or case
+                raise InputError(f"two Kubernetes objects would both be written to {path}")
             files[path] = _yaml(obj)
     for rendered_release in (rendered.releases.values() if rendered is not None else ()):
         files.update(rendered_files(rendered_release))
@@ -101,7 +124,7 @@ def rendered_files(release: RenderedRelease) -> dict[str, str]:
         if short.count(path) > 1:
             path = name(obj, True)
         if path in files:
-            raise ValueError(f"release {release.name}: two rendered objects would both be written to {path}")
+            raise InputError(f"release {release.name}: two rendered objects would both be written to {path}")
         files[path] = _yaml(crd_summary(obj) if obj.get("kind") == "CustomResourceDefinition" else obj)
     return files
 
