@@ -88,14 +88,27 @@ def _char(items: list[tuple[Any, Any]]) -> str:
     """One character of a character class."""
     negate = any(str(op) == "NEGATE" for op, _ in items)
     if negate:
-        excluded = {chr(v) for op, v in items if str(op) == "LITERAL"}
-        return next(c for c in "azAZ09_-." if c not in excluded)
+        pattern = re.compile("[" + "".join(_member(op, v) for op, v in items) + "]")
+        return next(c for c in "azAZ09_-./ !#" if pattern.fullmatch(c))
     op, value = next((op, v) for op, v in items if str(op) != "NEGATE")
     if str(op) == "LITERAL":
         return chr(value)
     if str(op) == "RANGE":
         return chr(value[0])
     return _CATEGORY[str(value)]
+
+
+def _member(op: Any, value: Any) -> str:
+    """One member of a parsed character class, written back as regex text."""
+    kind = str(op)
+    if kind == "NEGATE":
+        return "^"
+    if kind == "LITERAL":
+        return re.escape(chr(value))
+    if kind == "RANGE":
+        return f"{re.escape(chr(value[0]))}-{re.escape(chr(value[1]))}"
+    return {"CATEGORY_DIGIT": r"\d", "CATEGORY_WORD": r"\w", "CATEGORY_SPACE": r"\s", "CATEGORY_NOT_SPACE": r"\S",
+            "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_NOT_WORD": r"\W"}[str(value)]
 
 
 def sample(tree: Any, groups: dict[int, str] | None = None) -> str:

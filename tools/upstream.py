@@ -442,7 +442,7 @@ def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> tuple[list[Ent
 # Chart source trees (SOURCES.md, "Chart source trees"): one row per tree and per dependency chart from another
 # repository or commit; the note ends in the tree's listing hash.
 CHART_SRC = "chart-src"
-_TREE_PATH = re.compile(rf"{CHART_SRC}/[^/]+/[^/]+")
+_TREE_PATH = re.compile(rf"{CHART_SRC}/[^/\s]+/[^/\s]+")
 _LISTING = re.compile(r"sha256 of the sorted file listing: ([0-9a-f]{64})")
 # Symbolic links in the charts' git trees, which `helm package` and the mirror's trees replace by their targets
 # (chart-src/LISTING.md, "How the trees were made"): a raw URL of the link would serve the link's text, so a file

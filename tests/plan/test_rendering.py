@@ -142,6 +142,7 @@ def test_the_cache_serves_an_unchanged_release_and_misses_a_changed_one(tmp_path
     ("nvcr.io/nvidia/gpu-operator:main-latest", False), ("busybox", False), ("repo/app:latest", False),
     ("localhost:5000/app", False), ("repo/app:nightly", False), ("quay.io/cilium/cilium:v1.20.0", True),
     ("repo/app:latest@sha256:" + "0" * 64, True), ("localhost:5000/app:1.2", True),
+    ("repo/app:latest\n", False), ("repo/app:main\n", False), ("repo/app:1.2 ", False),
 ])
 def test_an_image_is_pinned_by_a_release_tag_or_a_digest(reference: str, pinned: bool) -> None:
     assert is_pinned(reference) is pinned

@@ -15,18 +15,21 @@ from typing import Any
 from trainyard.plan.rendering import RenderedStack
 
 # Tags that move: none at all, `latest`, and branch builds such as `main-latest` or `nightly`.
-_MOVING_TAG = re.compile(r"^(.*[-_.])?(latest|main|master|nightly|edge)$")
+_MOVING_TAG = re.compile(r"(.*[-_.])?(latest|main|master|nightly|edge)")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
 def is_pinned(reference: str) -> bool:
-    """`repo:tag` with a release tag, or any `repo@sha256:...`."""
+    """`repo:tag` with a release tag, or any `repo@sha256:...`; never a reference with whitespace in it (a
+    "...:latest\n" would otherwise read as the tag "latest\n")."""
+    if any(c.isspace() for c in reference):
+        return False
     if "@sha256:" in reference:
         return True
     name = reference.rsplit("/", 1)[-1]
     if ":" not in name:
         return False
-    return not _MOVING_TAG.match(name.rsplit(":", 1)[1])
+    return not _MOVING_TAG.fullmatch(name.rsplit(":", 1)[1])
 
 
 def images(obj: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
