@@ -47,6 +47,13 @@ DATASET_NAMESPACE = "trainyard-data"
 ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "default")
 
 
+# The fabric checks run in a namespace and queue of their own, not a tenant's (platform/tenants.py).
+FABRIC_CHECK_NAMESPACE = "trainyard-fabric-check"
+FABRIC_CHECK_QUEUE = "fabric-check"
+# Namespace label naming the one Volcano queue the namespace's jobs may use (an admission policy enforces it).
+QUEUE_LABEL = "trainyard.io/queue"
+
+
 def fabric_check_job(pool: str) -> str:
     """The Volcano job that checks one EFA pool's fabric (config rules and the workload layer both need it)."""
     return f"fabric-check-{pool}"

@@ -49,14 +49,17 @@ def test_image_must_be_pinned() -> None:
     assert "pinned" in _problems(raw)["fabricCheck.image"]
 
 
-def test_unknown_tenant_and_no_default_tenant() -> None:
+def test_the_checks_run_outside_every_tenant() -> None:
+    """The checks have their own namespace and queue: no key chooses a tenant, and no tenant may take their names."""
     raw = _raw("prod")
-    raw["fabricCheck"]["tenant"] = "marketing"
-    assert "unknown tenant 'marketing'" in _problems(raw)["fabricCheck.tenant"]
+    raw["fabricCheck"]["tenant"] = "research"
+    assert "fabricCheck.tenant" in _problems(raw)
     raw = _raw("prod")
-    for tenant in raw["tenants"]:
-        tenant.pop("default", None)
-    assert "no tenant is the default" in _problems(raw)["fabricCheck.tenant"]
+    raw["tenants"][0]["name"] = "fabric-check"
+    assert "the fabric check's own queue and namespace" in _problems(raw)["tenants[0]"]
+    raw = _raw("prod")
+    raw["tenants"][0]["namespace"] = "trainyard-fabric-check"
+    assert "the fabric check's own queue and namespace" in _problems(raw)["tenants[0]"]
 
 
 def test_a_pool_of_one_node_cannot_be_checked() -> None:
@@ -65,14 +68,6 @@ def test_a_pool_of_one_node_cannot_be_checked() -> None:
     raw["nodePools"][pool]["maxSize"] = 1
     raw["nodePools"][pool]["desiredSize"] = 1
     assert "at least 2" in _problems(raw, "staging")[f"nodePools[{pool}].maxSize"]
-
-
-def test_the_check_must_fit_its_tenants_queue() -> None:
-    raw = _raw("staging")
-    tenant = next(i for i, t in enumerate(raw["tenants"]) if t.get("default"))
-    raw["tenants"][tenant]["capability"]["gpu"] = 8
-    message = _problems(raw, "staging")[f"tenants[{tenant}].capability.gpu"]
-    assert "16 GPUs the fabric check of pool 'a100'" in message
 
 
 def test_check_job_names_neither_collide_nor_overflow() -> None:

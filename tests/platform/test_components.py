@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 import yaml
 from trainyard.catalogue.charts import load_catalogue
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import TimeSlicing
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
@@ -127,7 +130,8 @@ def test_cilium_reaches_the_api_server_of_its_cluster(stack: str) -> None:
 @pytest.mark.parametrize("stack", ["prod", "staging"])
 def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
     policies = {p["metadata"]["namespace"]: p["spec"] for p in _objects(stack, "CiliumNetworkPolicy")}
-    assert set(policies) == {t.get("namespace", t["name"]) for t in _tenants(stack)}
+    checks = {FABRIC_CHECK_NAMESPACE} if settings_of(read_stack(stack)).fabric_checked_pools else set()
+    assert set(policies) == {t.get("namespace", t["name"]) for t in _tenants(stack)} | checks
     for namespace, spec in policies.items():
         assert spec["endpointSelector"] == {}
         ingress_from = [rule["fromEndpoints"] for rule in spec["ingress"]]
@@ -149,17 +153,36 @@ def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
 # ---------------------------------------------------------------------------------------------- Tenants
 
 
+def _mig_per_gpu(stack: str) -> dict[str, int]:
+    """MIG profile -> most slices one GPU carries in the stack's MIG pools (from the layouts file)."""
+    catalog, slices = load_mig_catalog(), {}
+    for pool in settings_of(read_stack(stack)).pools("gpu"):
+        if pool.mig_layout:
+            gpu = INSTANCE_TYPES[pool.instance_types[0]].gpu
+            assert gpu is not None
+            for profile, count in catalog.slices(pool.mig_layout, gpu).items():
+                slices[profile] = max(slices.get(profile, 0), count)
+    return slices
+
+
+def _limits(resources: dict[str, Any], mig: dict[str, int]) -> dict[str, str]:
+    gpu = resources.get("gpu", 0)
+    wanted = {"cpu": resources.get("cpu"), "memory": resources.get("memory"),
+              "nvidia.com/gpu": str(gpu) if gpu else None,
+              **{f"nvidia.com/mig-{profile}": str(gpu * n) for profile, n in mig.items() if gpu}}
+    return {k: str(v) for k, v in wanted.items() if v}
+
+
 @pytest.mark.parametrize("stack", ["prod", "staging", "dev", "local"])
 def test_queues_carry_weights_and_capability_from_config(stack: str) -> None:
     queues = {q["metadata"]["name"]: q["spec"] for q in [*_objects(stack, "Queue"), *_objects(stack, "QueuePatch")]}
+    queues.pop(FABRIC_CHECK_QUEUE, None)  # not a tenant's: tests/platform/test_tenancy.py
+    mig = _mig_per_gpu(stack)
     expected = {}
     for tenant in _tenants(stack):
-        capability = tenant.get("capability", {})
-        wanted = {"cpu": capability.get("cpu"), "memory": capability.get("memory"),
-                  "nvidia.com/gpu": str(capability["gpu"]) if capability.get("gpu") else None}
         name = "default" if tenant.get("default") else tenant["name"]
         expected[name] = {"weight": tenant.get("weight", 1), "reclaimable": True,
-                          "capability": {k: v for k, v in wanted.items() if v}}
+                          "capability": _limits(tenant.get("capability", {}), mig)}
     assert queues == expected
 
 
@@ -167,21 +190,24 @@ def test_default_tenant_patches_volcanos_default_queue() -> None:
     (patch,) = _objects("prod", "QueuePatch")
     assert patch["metadata"]["name"] == "default"
     assert patch["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
-    assert {q["metadata"]["name"] for q in _objects("prod", "Queue")} == {"foundation", "eval"}
+    tenants = {t["name"] for t in _tenants("prod") if not t.get("default")}
+    assert {q["metadata"]["name"] for q in _objects("prod", "Queue")} == tenants | {FABRIC_CHECK_QUEUE}
 
 
-def test_quotas_and_trainer_accounts_per_tenant() -> None:
-    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects("prod", "ResourceQuota")}
-    assert quotas == {
-        "foundation": {"requests.cpu": "2304", "requests.memory": "24576Gi", "requests.nvidia.com/gpu": "96",
-                       "pods": "500"},
-        "research": {"requests.cpu": "1536", "requests.memory": "16384Gi", "requests.nvidia.com/gpu": "64",
-                     "pods": "300"},
-    }  # eval has no quota in prod
-    accounts = [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in _objects("prod", "ServiceAccount")]
-    assert {("foundation", "trainer"), ("research", "trainer"), ("eval", "trainer")} <= set(accounts)
-    assert {p["metadata"]["name"] for p in _objects("prod", "PriorityClass")} == {"trainyard-training",
-                                                                                  "trainyard-system"}
+@pytest.mark.parametrize("stack", ["prod", "staging"])
+def test_quotas_and_trainer_accounts_per_tenant(stack: str) -> None:
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")}
+    mig = _mig_per_gpu(stack)
+    for tenant in _tenants(stack):
+        # A tenant without a quota gets its capability as one (issue 19 finding 12: prod's eval had none).
+        limit = tenant.get("quota") or tenant["capability"]
+        expected = {f"requests.{k}": v for k, v in _limits(limit, mig).items()}
+        expected["pods"] = str(limit.get("pods", 200))
+        assert quotas[tenant.get("namespace", tenant["name"])] == expected, tenant["name"]
+    accounts = [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in _objects(stack, "ServiceAccount")]
+    assert {(t.get("namespace", t["name"]), "trainer") for t in _tenants(stack)} <= set(accounts)
+    assert {p["metadata"]["name"] for p in _objects(stack, "PriorityClass")} == {"trainyard-training",
+                                                                                 "trainyard-system"}
 
 
 # ------------------------------------------------------------------------------------------ GPU Operator

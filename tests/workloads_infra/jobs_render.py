@@ -15,6 +15,7 @@ from typing import Any
 import pulumi
 from trainyard.cloud import layer as cloud
 from trainyard.config import Settings, load_settings
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import read_stack, render
@@ -46,9 +47,13 @@ def platform_double(settings: Settings, cluster: Any) -> PlatformContext:
         for t in settings.tenants
     }
     addons = settings.addons
+    checks = (TenantFacts(name=FABRIC_CHECK_QUEUE, namespace=FABRIC_CHECK_NAMESPACE, queue=FABRIC_CHECK_QUEUE,
+                          ready=(Stand("TenantReady", FABRIC_CHECK_QUEUE),))
+              if settings.fabric_checked_pools else None)
     return PlatformContext(
         cluster=cluster,
         tenants=tenants,
+        fabric_checks=checks,
         volcano=Stand("Volcano", "volcano"),
         monitoring=Stand("Monitoring", "monitoring") if addons.monitoring.enabled else None,
         checkpoint_storage_class=CEPHFS_CLASS if addons.rook_ceph.enabled and settings.is_aws else None,

@@ -155,3 +155,37 @@ def fabric_threshold(instance_types: Sequence[str], efa_interfaces: int) -> floa
         round(FABRIC_BASELINES[name].min_busbw_gbps * min(1.0, efa_interfaces / INSTANCE_TYPES[name].efa_interfaces), 1)
         for name in instance_types
     )
+
+
+def smallest(instance_types: Sequence[str]) -> InstanceType:
+    """The type with the fewest vCPUs (then memory): a pod sized for it fits on every type Karpenter may pick."""
+    known = [INSTANCE_TYPES[name] for name in instance_types if name in INSTANCE_TYPES]
+    if not known:
+        raise ValueError(f"no known instance type among {', '.join(instance_types) or 'none'}")
+    return min(known, key=lambda it: (it.vcpu, it.memory_gib))
+
+
+# The check's pods (workloads/fabric.py) take every GPU of a node and every EFA device pods get; their ranks mostly
+# wait on the network, so a pair of cores and 4 GiB (torch and a CUDA context) per GPU, not a trainer's node share,
+# plus /dev/shm for NCCL's shared-memory transport and proxy buffers (the container default, 64 MiB, is too small).
+# The platform sizes the checks' own queue from the same shape (platform/tenants.py).
+FABRIC_CHECK_NODES = 2
+FABRIC_CHECK_MILLICPU_PER_GPU = 2000
+FABRIC_CHECK_MEMORY_PER_GPU = 4 * 2**30
+FABRIC_CHECK_SHM = "8Gi"
+_FABRIC_CHECK_SHM_BYTES = 8 * 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class FabricCheckPod:
+    """What one fabric-check pod of a pool requests (and is limited to)."""
+
+    gpus: int
+    millicpu: int
+    memory_bytes: int  # /dev/shm included: it is memory-backed and counts against the limit
+
+
+def fabric_check_pod(instance_types: Sequence[str]) -> FabricCheckPod:
+    gpus = smallest(instance_types).gpu_count
+    return FabricCheckPod(gpus=gpus, millicpu=gpus * FABRIC_CHECK_MILLICPU_PER_GPU,
+                          memory_bytes=gpus * FABRIC_CHECK_MEMORY_PER_GPU + _FABRIC_CHECK_SHM_BYTES)

@@ -480,8 +480,7 @@ class FabricCheckSettings(Model):
     enabled: bool = True
     # The trainer image: it carries `trainyard_train.commcheck` and the EFA libraries. Required while a pool has EFA.
     image: PinnedImage | None = None
-    # Whose namespace and Volcano queue run the check; unset: the default tenant.
-    tenant: DnsLabel | None = None
+    # It runs in a namespace and Volcano queue of its own (names.FABRIC_CHECK_NAMESPACE/_QUEUE), never a tenant's.
 
 
 class CostSettings(Model):

@@ -16,7 +16,7 @@ from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, Settings, TenantResources
 from trainyard.config.quantity import parse_quantity
-from trainyard.names import fabric_check_job
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, fabric_check_job
 
 RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 # Queues Volcano creates itself (volcano-sh/volcano pkg/scheduler/cache/cache.go newDefaultAndRootQueue, v1.15): a
@@ -525,7 +525,7 @@ _JOB_NAME_MAX = 52
 
 
 def _fabric_check(s: Settings) -> Iterator[Problem]:
-    """The check runs as a gang of two whole nodes of each EFA pool, in a tenant's namespace and queue."""
+    """The check runs as a gang of two whole nodes of each EFA pool, in its own namespace and queue."""
     pools = s.fabric_checked_pools
     if not pools:
         return
@@ -533,14 +533,10 @@ def _fabric_check(s: Settings) -> Iterator[Problem]:
     if s.fabric_check.image is None:
         yield Problem("fabricCheck.image", f"is required while a pool has efa: the trainer image that runs the "
                                            f"check, {off}")
-    tenants = {t.name: t for t in s.tenants}
-    if s.fabric_check.tenant is not None and s.fabric_check.tenant not in tenants:
-        yield Problem("fabricCheck.tenant", f"unknown tenant {s.fabric_check.tenant!r}; tenants: "
-                                            f"{_allowed(tenants) or 'none'}")
-    tenant = tenants.get(s.fabric_check.tenant) if s.fabric_check.tenant else s.default_tenant
-    if s.fabric_check.tenant is None and tenant is None:
-        yield Problem("fabricCheck.tenant", f"no tenant is the default: name the tenant whose queue runs the check; "
-                                            f"tenants: {_allowed(tenants) or 'none'}")
+    for i, tenant in enumerate(s.tenants):
+        if tenant.name == FABRIC_CHECK_QUEUE or tenant.namespace_name == FABRIC_CHECK_NAMESPACE:
+            yield Problem(f"tenants[{i}]", f"{FABRIC_CHECK_QUEUE!r} and {FABRIC_CHECK_NAMESPACE!r} are the fabric "
+                                           f"check's own queue and namespace: pick another name, {off}")
     jobs = {j.name for j in s.workloads}
     for pool in pools:
         at = f"nodePools[{s.node_pools.index(pool)}]"
@@ -560,11 +556,6 @@ def _fabric_check(s: Settings) -> Iterator[Problem]:
         if name in jobs:
             yield Problem(f"{at}.name", f"workloads already has a job named {name!r}, the name of this pool's "
                                         "fabric check")
-        gpus = 2 * min((t.gpu_count for t in _pool_types(pool)), default=0)
-        if tenant is not None and 0 < tenant.capability.gpu < gpus:
-            yield Problem(f"tenants[{s.tenants.index(tenant)}].capability.gpu",
-                          f"{tenant.capability.gpu} is below the {gpus} GPUs the fabric check of pool {pool.name!r} "
-                          "takes at once (2 whole nodes): Volcano would never admit it")
 
 
 def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[Problem]:

@@ -22,6 +22,8 @@ class TenantFacts:
 class PlatformContext:
     cluster: ClusterContext
     tenants: dict[str, TenantFacts]
+    # The fabric checks' own namespace and queue, when a pool is checked.
+    fabric_checks: TenantFacts | None = None
     # Releases that install CRDs; a custom resource depends on the one that owns its kind.
     volcano: pulumi.Resource | None = None
     monitoring: pulumi.Resource | None = None

@@ -26,7 +26,13 @@ from trainyard.platform.context import PlatformContext, TenantFacts
 from trainyard.platform.ebs import EbsStorageClass, EbsStorageClassArgs
 from trainyard.platform.registry import load_registry
 from trainyard.platform.rook_ceph import RookCeph
-from trainyard.platform.tenants import TRAINING_PRIORITY_CLASS, Tenants, TenantsArgs
+from trainyard.platform.tenants import (
+    TRAINING_PRIORITY_CLASS,
+    Tenants,
+    TenantsArgs,
+    fabric_check_tenant,
+    mig_slices_per_gpu,
+)
 
 CNI = "cilium"
 VOLCANO = "volcano"
@@ -76,17 +82,20 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         install(addon, {})
 
     cilium, volcano = installed.get(CNI), installed.get(VOLCANO)
+    checked = {pool.name for pool in settings.fabric_checked_pools}
     tenants = Tenants("tenants", TenantsArgs(
         cluster=cluster, tenants=tuple(settings.tenants),
         monitoring_namespace=catalogue.chart("kube-prometheus-stack").namespace,
         network_policy="cilium" if cilium is not None else "kubernetes", region=cluster.region,
-        cilium=cilium.release if cilium else None, volcano=volcano.release if volcano else None))
+        cilium=cilium.release if cilium else None, volcano=volcano.release if volcano else None,
+        fabric_checks=fabric_check_tenant([p for p in cluster.pools if p.name in checked]),
+        mig_slices=mig_slices_per_gpu(cluster.pools)))
     for addon in (a for a in enabled if a.after_tenants):
         install(addon, tenants.facts)
 
     monitoring, rook, alluxio = installed.get(MONITORING), installed.get("rookCeph"), installed.get("alluxio")
     return PlatformContext(
-        cluster=cluster, tenants=tenants.facts,
+        cluster=cluster, tenants=tenants.facts, fabric_checks=tenants.fabric_checks,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
         checkpoint_storage_class=rook.checkpoint_storage_class if isinstance(rook, RookCeph) else None,
         checkpoint_storage=(rook.storage.release,) if isinstance(rook, RookCeph) else (),

@@ -1,16 +1,27 @@
-"""Tenants: a namespace per team with quota, defaults, a trainer identity, a Volcano queue and network policy."""
+"""Tenants: a namespace per team with quota, defaults, a trainer identity, a Volcano queue and network policy.
+
+A tenant's jobs may use its queue only: Volcano 1.15 has no queue ACL (volcano-sh/volcano issue 1475, closed with
+"implement it at the application layer"), so a ValidatingAdmissionPolicy binds the `spec.queue` of every Volcano
+Job and PodGroup to its namespace's `trainyard.io/queue` label; a namespace without one may use no tenant's queue.
+Every tenant has a ResourceQuota (its capability when it sets no quota), MIG slices included: a MIG slice is not
+an `nvidia.com/gpu`, so without its own line a tenant could take any number of them. The fabric checks get a
+namespace and queue of their own, sized to exactly what they ask for, so they never eat a tenant's share.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from trainyard.cloud.context import ClusterContext
-from trainyard.config.model import Tenant, TenantResources
-from trainyard.names import TRAINER_SERVICE_ACCOUNT
+from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.config.instance_types import FABRIC_CHECK_NODES, fabric_check_pod
+from trainyard.config.mig import load_mig_catalog, mig_resource_name
+from trainyard.config.model import Tenant, TenantQuota, TenantResources
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, QUEUE_LABEL, TRAINER_SERVICE_ACCOUNT
 from trainyard.platform import network_policy
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
@@ -43,19 +54,54 @@ class TenantsArgs:
     cilium: pulumi.Resource | None = None
     # Queues are created only when Volcano is on; they need its CRDs and admission webhook.
     volcano: pulumi.Resource | None = None
+    # The fabric checks' own namespace and queue (fabric_check_tenant), when any pool is checked.
+    fabric_checks: Tenant | None = None
+    # MIG profile -> the most slices of it one GPU of the cluster's MIG pools carries (mig_slices_per_gpu).
+    mig_slices: Mapping[str, int] = field(default_factory=dict)
 
 
-def resource_list(resources: TenantResources) -> dict[str, str]:
-    """Kubernetes resource names -> quantities, leaving out zero (= not limited)."""
+def resource_list(resources: TenantResources, mig_slices: Mapping[str, int] | None = None) -> dict[str, str]:
+    """Kubernetes resource names -> quantities, leaving out zero (= not limited). A GPU limit also bounds each MIG
+    profile, at as many slices as that many GPUs carry."""
     values = {"cpu": resources.cpu, "memory": resources.memory, "nvidia.com/gpu": str(resources.gpu)}
+    if resources.gpu:
+        values |= {mig_resource_name(profile): str(resources.gpu * per_gpu)
+                   for profile, per_gpu in sorted((mig_slices or {}).items())}
     return {key: value for key, value in values.items() if value != "0"}
+
+
+def mig_slices_per_gpu(pools: Iterable[PoolFacts]) -> dict[str, int]:
+    """MIG profile -> the most instances of it one GPU carries in any of these pools' layouts."""
+    catalog = load_mig_catalog()
+    slices: dict[str, int] = {}
+    for pool in pools:
+        if pool.mig_layout is None or pool.gpu is None:
+            continue
+        for profile, count in catalog.slices(pool.mig_layout, pool.gpu).items():
+            slices[profile] = max(slices.get(profile, 0), count)
+    return slices
+
+
+def fabric_check_tenant(pools: Sequence[PoolFacts]) -> Tenant | None:
+    """The fabric checks' namespace and queue: room for every check at once (two whole-node pods per pool, the
+    shape workloads/fabric.py requests), and nothing more."""
+    if not pools:
+        return None
+    shapes = [fabric_check_pod(pool.instance_types) for pool in pools]
+    gpu = FABRIC_CHECK_NODES * sum(s.gpus for s in shapes)
+    cpu = f"{FABRIC_CHECK_NODES * sum(s.millicpu for s in shapes)}m"
+    memory = f"{FABRIC_CHECK_NODES * sum(s.memory_bytes for s in shapes) // 2**20}Mi"
+    return Tenant(name=FABRIC_CHECK_QUEUE, namespace=FABRIC_CHECK_NAMESPACE,
+                  capability=TenantResources(gpu=gpu, cpu=cpu, memory=memory),
+                  quota=TenantQuota(gpu=gpu, cpu=cpu, memory=memory, pods=FABRIC_CHECK_NODES * len(pools)))
 
 
 def queue_name(tenant: Tenant) -> str:
     return VOLCANO_DEFAULT_QUEUE if tenant.default else tenant.name
 
 
-def queue_manifest(tenant: Tenant) -> dict[str, Any]:
+def queue_manifest(tenant: Tenant, mig_slices: Mapping[str, int] | None = None, *,
+                   reclaimable: bool = True) -> dict[str, Any]:
     return {
         "apiVersion": QUEUE_API_VERSION,
         "kind": "Queue",
@@ -63,19 +109,59 @@ def queue_manifest(tenant: Tenant) -> dict[str, Any]:
                                                                     **{TENANT_LABEL: tenant.name})},
         "spec": {
             "weight": tenant.weight,
-            # Idle share lent to other queues is taken back (by preemption) when this tenant needs it.
-            "reclaimable": True,
-            "capability": resource_list(tenant.capability),
+            # Idle share lent to other queues is taken back (the `reclaim` action) when this tenant needs it.
+            "reclaimable": reclaimable,
+            "capability": resource_list(tenant.capability, mig_slices),
         },
     }
 
 
-def quota_spec(tenant: Tenant) -> dict[str, Any] | None:
-    if tenant.quota is None:
-        return None
-    hard = {f"requests.{key}": value for key, value in resource_list(tenant.quota).items()}
-    hard["pods"] = str(tenant.quota.pods)
+def tenant_quota(tenant: Tenant) -> TenantQuota:
+    """The tenant's quota, or its capability as one: no namespace goes without (prod's eval had none)."""
+    if tenant.quota is not None:
+        return tenant.quota
+    capability = tenant.capability
+    return TenantQuota(gpu=capability.gpu, cpu=capability.cpu, memory=capability.memory)
+
+
+def quota_spec(tenant: Tenant, mig_slices: Mapping[str, int] | None = None) -> dict[str, Any]:
+    quota = tenant_quota(tenant)
+    # Extended resources are quota'd by requests only (Kubernetes docs, "Resource Quotas": extended resources).
+    hard = {f"requests.{key}": value for key, value in resource_list(quota, mig_slices).items()}
+    hard["pods"] = str(quota.pods)
     return {"hard": hard}
+
+
+QUEUE_POLICY = "trainyard-queue-of-namespace"
+
+
+def queue_policy(queues: Sequence[str]) -> dict[str, Any]:
+    """A ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1, GA in Kubernetes 1.30): a Volcano Job or
+    PodGroup may name only its namespace's queue; one in an unlabelled namespace, none of the tenants' queues.
+
+    Volcano's job webhook fills an empty spec.queue with `default` before validation runs (webhooks/admission/jobs/
+    mutate/mutate_job.go, patchDefaultQueue), and the podgroup controller copies a plain pod's queue annotation
+    (controllers/podgroup/pg_controller_handler.go), so both paths reach this check with the queue they would use.
+    """
+    queue = "(has(object.spec.queue) ? object.spec.queue : 'default')"
+    labelled = f"has(namespaceObject.metadata.labels) && '{QUEUE_LABEL}' in namespaceObject.metadata.labels"
+    listed = ", ".join(f"'{q}'" for q in sorted(set(queues)))
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [
+            {"apiGroups": ["batch.volcano.sh"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+             "resources": ["jobs"]},
+            {"apiGroups": ["scheduling.volcano.sh"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+             "resources": ["podgroups"]},
+        ]},
+        "validations": [{
+            "expression": f"{labelled} ? {queue} == namespaceObject.metadata.labels['{QUEUE_LABEL}'] "
+                          f": !({queue} in [{listed}])",
+            "messageExpression": f"'spec.queue ' + {queue} + ' is not the queue of namespace ' + "
+                                 f"namespaceObject.metadata.name + ' (its label {QUEUE_LABEL})'",
+            "reason": "Forbidden",
+        }],
+    }
 
 
 class Tenants(pulumi.ComponentResource):
@@ -95,27 +181,46 @@ class Tenants(pulumi.ComponentResource):
             for class_name, value in PRIORITIES.items()
         ]
         self.facts = {tenant.name: self._tenant(name, tenant, args) for tenant in args.tenants}
+        # Not a tenant: nothing but the checks runs there (no dataset, no trainer role).
+        self.fabric_checks = (self._tenant(name, args.fabric_checks, args, checks=True)
+                              if args.fabric_checks is not None else None)
+        if args.volcano is not None:
+            self._queue_policy(name, args)
         self.register_outputs({"tenants": sorted(self.facts)})
 
-    def _tenant(self, name: str, tenant: Tenant, args: TenantsArgs) -> TenantFacts:
+    def _queue_policy(self, name: str, args: TenantsArgs) -> None:
+        everyone = [*args.tenants, *([args.fabric_checks] if args.fabric_checks is not None else [])]
+        spec: Any = queue_policy([queue_name(t) for t in everyone])
+        policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-queue-policy", metadata={"name": QUEUE_POLICY, "labels": labels(QUEUE_POLICY, "tenancy")},
+            spec=spec, opts=k8s_options(args.cluster, self))
+        binding: Any = {"policyName": QUEUE_POLICY, "validationActions": ["Deny"]}
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-queue-policy-binding", metadata={"name": QUEUE_POLICY, "labels": labels(QUEUE_POLICY, "tenancy")},
+            spec=binding, opts=k8s_options(args.cluster, self, [policy]))
+
+    def _tenant(self, name: str, tenant: Tenant, args: TenantsArgs, *, checks: bool = False) -> TenantFacts:
+        """A namespace and its queue; the fabric checks' (`checks`) is not reclaimable and takes no MIG slices."""
         cluster, prefix, ns_name = args.cluster, f"{name}-{tenant.name}", tenant.namespace_name
+        mig_slices = {} if checks else args.mig_slices
         tenant_labels = labels("tenant", "tenancy", **{TENANT_LABEL: tenant.name})
+        namespace_labels: Any = {
+            **tenant_labels,
+            # The one queue this namespace's jobs may use (queue_policy).
+            QUEUE_LABEL: queue_name(tenant),
+            # Training pods need no privileges; baseline still allows the shm emptyDir and CSI volumes.
+            "pod-security.kubernetes.io/enforce": "baseline",
+        }
         namespace = k8s.core.v1.Namespace(
-            f"{prefix}-namespace",
-            metadata={"name": ns_name, "labels": {
-                **tenant_labels,
-                # Training pods need no privileges; baseline still allows the shm emptyDir and CSI volumes.
-                "pod-security.kubernetes.io/enforce": "baseline",
-            }},
+            f"{prefix}-namespace", metadata={"name": ns_name, "labels": namespace_labels},
             opts=k8s_options(cluster, self),
         )
         in_namespace = k8s_options(cluster, self, [namespace])
-        quota = quota_spec(tenant)
-        if quota is not None:
-            k8s.core.v1.ResourceQuota(
-                f"{prefix}-quota",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name="tenant-quota", namespace=ns_name, labels=tenant_labels),
-                spec=k8s.core.v1.ResourceQuotaSpecArgs(hard=quota["hard"]), opts=in_namespace)
+        quota = quota_spec(tenant, mig_slices)
+        k8s.core.v1.ResourceQuota(
+            f"{prefix}-quota",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name="tenant-quota", namespace=ns_name, labels=tenant_labels),
+            spec=k8s.core.v1.ResourceQuotaSpecArgs(hard=quota["hard"]), opts=in_namespace)
         k8s.core.v1.LimitRange(
             f"{prefix}-limits",
             metadata=k8s.meta.v1.ObjectMetaArgs(name="container-defaults", namespace=ns_name, labels=tenant_labels),
@@ -133,7 +238,7 @@ class Tenants(pulumi.ComponentResource):
         ready: list[pulumi.Resource] = [namespace, account]
         ready.append(self._policy(prefix, ns_name, tenant_labels, namespace, args))
         if args.volcano is not None:
-            ready.append(self._queue(prefix, tenant, args))
+            ready.append(self._queue(prefix, tenant, args, mig_slices, reclaimable=not checks))
         return TenantFacts(name=tenant.name, namespace=ns_name, queue=queue_name(tenant), ready=tuple(ready))
 
     def _policy(self, prefix: str, ns_name: str, tenant_labels: dict[str, str], namespace: pulumi.Resource,
@@ -149,9 +254,10 @@ class Tenants(pulumi.ComponentResource):
         return k8s.networking.v1.NetworkPolicy(f"{prefix}-default-deny", metadata=manifest["metadata"],
                                                spec=manifest["spec"], opts=k8s_options(args.cluster, self, [namespace]))
 
-    def _queue(self, prefix: str, tenant: Tenant, args: TenantsArgs) -> pulumi.Resource:
+    def _queue(self, prefix: str, tenant: Tenant, args: TenantsArgs, mig_slices: Mapping[str, int], *,
+               reclaimable: bool) -> pulumi.Resource:
         assert args.volcano is not None
-        manifest = queue_manifest(tenant)
+        manifest = queue_manifest(tenant, mig_slices, reclaimable=reclaimable)
         if not tenant.default:
             return custom_resource(f"{prefix}-queue", manifest, k8s_options(args.cluster, self, [args.volcano]))
         # The default tenant takes over Volcano's own `default` queue (jobs naming no queue land there), so

@@ -16,8 +16,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.config.instance_types import FABRIC_CHECK_NODES, FABRIC_CHECK_SHM, fabric_check_pod
 from trainyard.config.mig import WHOLE_GPU_RESOURCE
-from trainyard.config.quantity import quantity_bytes
 from trainyard.names import POOL_LABEL, fabric_check_job
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
@@ -32,18 +32,10 @@ from trainyard.workloads.pod import (
     pool_tolerations,
 )
 
-NODES = 2
 CHECK_LABEL = "trainyard.io/check"
 # NCCL logs which network and plugin it initialised ("NET/OFI Initializing aws-ofi-nccl 1.21.1", "Using network
 # Libfabric"): the lines that tell EFA from a fallback (NCCL env docs: NCCL_DEBUG, NCCL_DEBUG_SUBSYS).
 NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-# NCCL's shared-memory transport and proxy buffers live in /dev/shm; the container default (64 MiB) is too small.
-SHM_SIZE = "8Gi"
-# The check's ranks mostly wait on the network: a pair of cores and 4 GiB (torch and a CUDA context) per GPU, not
-# the node's share a trainer takes, so the gang fits a tenant queue sized for training (the rehearsal's
-# `queue-fits` caught whole-node requests overrunning staging's queue memory).
-MILLICPU_PER_GPU = 2000
-MEMORY_PER_GPU = 4 * sizing.GIB
 # A check that hangs (NCCL stuck on a broken fabric, a peer that never joins) must not hold two GPU nodes forever:
 # the kubelet fails each pod this long after it starts on its node (pod activeDeadlineSeconds), which fails the
 # job. Room for pulling the trainer image onto fresh nodes, the rendezvous, NCCL's setup and the sweep (minutes).
@@ -73,7 +65,7 @@ def command(args: FabricCheckArgs, processes: int) -> tuple[list[str], list[str]
     """(command, args): torchrun over c10d on exactly two nodes, no restarts, around the commcheck module."""
     name, namespace = args.name, args.tenant.namespace
     torchrun = [
-        f"--nnodes={NODES}",
+        f"--nnodes={FABRIC_CHECK_NODES}",
         f"--nproc-per-node={processes}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={launch.rendezvous_endpoint(name, namespace)}",
@@ -100,12 +92,12 @@ class FabricCheck(pulumi.ComponentResource):
             "queue": args.tenant.queue,
             "priorityClassName": args.priority_class,
             # Both pods or neither: one node alone measures nothing between nodes.
-            "minAvailable": NODES,
-            "minSuccess": NODES,
+            "minAvailable": FABRIC_CHECK_NODES,
+            "minSuccess": FABRIC_CHECK_NODES,
             "maxRetry": 0,
             "plugins": {"svc": list(volcano.SVC_PLUGIN), "env": []},
             "policies": [dict(volcano.TERMINATE_ON_FAILED_POD)],
-            "tasks": [{"name": launch.WORKER_TASK, "replicas": NODES, "template": pod_template(args)}],
+            "tasks": [{"name": launch.WORKER_TASK, "replicas": FABRIC_CHECK_NODES, "template": pod_template(args)}],
             # Two nodes as close as the pool has them, never a wait for closer ones: the check reports which
             # network layers its nodes share, so its figure can be read against where it ran.
             "networkTopology": dict(volcano.SOFT_TOPOLOGY),
@@ -125,15 +117,12 @@ def _labels(args: FabricCheckArgs) -> dict[str, str]:
 
 
 def check_resources(pool: PoolFacts) -> sizing.PodResources:
-    """All of the smallest node's GPUs (NVLink inside, EFA between the nodes) and every EFA device pods get."""
-    gpus = sizing.smallest_instance(pool).gpu_count
+    """All of the smallest node's GPUs (NVLink inside, EFA between the nodes) and every EFA device pods get, in the
+    shape the platform sized the checks' queue for (config/instance_types.py, fabric_check_pod)."""
+    pod = fabric_check_pod(pool.instance_types)
     return sizing.PodResources(
-        accelerators={WHOLE_GPU_RESOURCE: gpus, sizing.EFA_RESOURCE: pool.efa_interfaces},
-        millicpu=gpus * MILLICPU_PER_GPU,
-        # /dev/shm is memory-backed and counts against the limit.
-        memory_bytes=gpus * MEMORY_PER_GPU + quantity_bytes(SHM_SIZE),
-        processes=gpus,
-    )
+        accelerators={WHOLE_GPU_RESOURCE: pod.gpus, sizing.EFA_RESOURCE: pool.efa_interfaces},
+        millicpu=pod.millicpu, memory_bytes=pod.memory_bytes, processes=pod.gpus)
 
 
 def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
@@ -168,7 +157,7 @@ def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
         }]}},
         "containers": [container],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": FABRIC_CHECK_SHM}},
             {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
         ],
     }

@@ -21,17 +21,15 @@ def build(settings: Settings, platform: PlatformContext) -> None:
 
 
 def fabric_check_args(settings: Settings, pool_name: str, platform: PlatformContext) -> FabricCheckArgs:
-    """One EFA pool's check: the pool's facts, the tenant that runs it and the threshold of its instance types."""
+    """One EFA pool's check: the pool's facts, the checks' own namespace and queue, the threshold of its types."""
     check = settings.fabric_check
-    tenant_name = check.tenant or (settings.default_tenant.name if settings.default_tenant else None)
-    tenant = platform.tenants.get(tenant_name) if tenant_name else None
     pool = next((p for p in platform.cluster.pools if p.name == pool_name), None)
-    if tenant is None or pool is None or check.image is None:
-        raise ValueError(f"fabric check of pool {pool_name!r}: the platform lacks its tenant {tenant_name!r} or pool, "
+    if platform.fabric_checks is None or pool is None or check.image is None:
+        raise ValueError(f"fabric check of pool {pool_name!r}: the platform lacks the checks' namespace or the pool, "
                          "or fabricCheck.image is unset")
     return FabricCheckArgs(
         pool=pool,
-        tenant=tenant,
+        tenant=platform.fabric_checks,
         cluster=platform.cluster,
         image=check.image,
         min_busbw_gbps=fabric_threshold(pool.instance_types, pool.efa_interfaces),

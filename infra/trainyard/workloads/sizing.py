@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainyard.cloud.context import PoolFacts
-from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
+from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType, smallest
 from trainyard.config.mig import WHOLE_GPU_RESOURCE, load_mig_catalog, mig_resource_name
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -44,10 +44,9 @@ class PodResources:
 
 def smallest_instance(pool: PoolFacts) -> InstanceType:
     """The pool's instance type with the fewest vCPUs: a pod sized for it fits on every type Karpenter picks."""
-    known = [INSTANCE_TYPES[name] for name in pool.instance_types if name in INSTANCE_TYPES]
-    if not known:
+    if not any(name in INSTANCE_TYPES for name in pool.instance_types):
         raise ValueError(f"pool {pool.name!r} lists no known instance type: {', '.join(pool.instance_types)}")
-    return min(known, key=lambda it: (it.vcpu, it.memory_gib))
+    return smallest(pool.instance_types)
 
 
 def _share(instance: InstanceType, fraction: float) -> tuple[int, int]:

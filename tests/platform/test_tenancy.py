@@ -1,0 +1,163 @@
+"""Tenancy as the API server and Volcano would enforce it (issue 19 findings 7 and 12): a job may use only its
+namespace's queue, every namespace has a quota (MIG slices included), and what each queue is handed fits it.
+
+The admission policy's CEL is evaluated with a CEL interpreter (cel-python) against the rendered Namespace
+objects, as the API server evaluates it with `object` and `namespaceObject` bound (Kubernetes docs,
+"Validating Admission Policy": variables).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import cache
+from typing import Any
+
+import celpy
+import pytest
+from trainyard.config.quantity import parse_quantity
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, QUEUE_LABEL
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.writers import is_kubernetes_object, manifest_of
+
+STACKS = available_stacks()
+VOLCANO_STACKS = [s for s in STACKS if settings_of(read_stack(s)).addons.volcano.enabled]
+
+
+@cache
+def _recording(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+def _objects(stack: str, kind: str) -> list[dict[str, Any]]:
+    return [manifest_of(r) for r in _recording(stack).resources
+            if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind]
+
+
+def _jobs(stack: str) -> list[dict[str, Any]]:
+    return _objects(stack, "Job")
+
+
+def _queues(stack: str) -> dict[str, dict[str, Any]]:
+    return {q["metadata"]["name"]: q for q in [*_objects(stack, "Queue"), *_objects(stack, "QueuePatch")]}
+
+
+def _namespaces(stack: str) -> dict[str, dict[str, Any]]:
+    return {n["metadata"]["name"]: n for n in _objects(stack, "Namespace")}
+
+
+class Policy:
+    """The rendered ValidatingAdmissionPolicy's validations, compiled once."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        env = celpy.Environment()
+        self.programs = [env.program(env.compile(v["expression"])) for v in spec["validations"]]
+        self.rules = spec["matchConstraints"]["resourceRules"]
+
+    def admits(self, obj: dict[str, Any], namespace: dict[str, Any]) -> bool:
+        bound = {"object": celpy.json_to_cel(obj), "namespaceObject": celpy.json_to_cel(namespace)}
+        return all(bool(program.evaluate(bound)) for program in self.programs)
+
+
+@cache
+def _policy(stack: str) -> Policy:
+    (policy,) = _objects(stack, "ValidatingAdmissionPolicy")
+    (binding,) = _objects(stack, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    return Policy(policy["spec"])
+
+
+def _job(queue: str | None) -> dict[str, Any]:
+    return {"spec": {"queue": queue} if queue is not None else {}}
+
+
+@pytest.mark.parametrize("stack", VOLCANO_STACKS)
+def test_the_policy_covers_volcano_jobs_and_podgroups(stack: str) -> None:
+    groups = {(g, r) for rule in _policy(stack).rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {("batch.volcano.sh", "jobs"), ("scheduling.volcano.sh", "podgroups")} <= groups
+    assert all({"CREATE", "UPDATE"} <= set(rule["operations"]) for rule in _policy(stack).rules)
+
+
+@pytest.mark.parametrize("stack", VOLCANO_STACKS)
+def test_a_namespace_may_use_its_own_queue_only(stack: str) -> None:
+    policy, namespaces = _policy(stack), _namespaces(stack)
+    labelled = {name: ns for name, ns in namespaces.items() if QUEUE_LABEL in ns["metadata"].get("labels", {})}
+    queues = set(_queues(stack)) | {"default"}
+    assert {ns["metadata"]["labels"][QUEUE_LABEL] for ns in labelled.values()} <= queues
+    for name, namespace in labelled.items():
+        own = namespace["metadata"]["labels"][QUEUE_LABEL]
+        assert policy.admits(_job(own), namespace), name
+        for other in queues - {own}:
+            assert not policy.admits(_job(other), namespace), f"{name} may use queue {other}"
+        # Volcano's webhook turns an empty queue into `default` before validation; only its owner may use it.
+        assert policy.admits(_job(None), namespace) is (own == "default"), name
+    # Anywhere else no tenant's queue can be named, the cluster's `default` included.
+    stranger = {"metadata": {"name": "elsewhere", "labels": {"team": "x"}}}
+    assert not any(policy.admits(_job(q), stranger) for q in queues)
+    assert not policy.admits(_job(None), {"metadata": {"name": "bare"}})
+
+
+@pytest.mark.parametrize("stack", VOLCANO_STACKS)
+def test_every_rendered_job_is_admitted_in_its_namespace(stack: str) -> None:
+    policy, namespaces = _policy(stack), _namespaces(stack)
+    for job in _jobs(stack):
+        namespace = namespaces[job["metadata"]["namespace"]]
+        assert policy.admits(job, namespace), job["metadata"]["name"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_tenant_namespace_has_a_quota_with_mig_slices(stack: str) -> None:
+    settings = settings_of(read_stack(stack))
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")}
+    mig_pools = [p for p in settings.pools("gpu") if p.mig_layout]
+    for tenant in settings.tenants:
+        hard = quotas[tenant.namespace_name]
+        limit = tenant.quota or tenant.capability
+        if limit.gpu:
+            assert hard["requests.nvidia.com/gpu"] == str(limit.gpu)
+            mig = {k for k in hard if k.startswith("requests.nvidia.com/mig-")}
+            assert bool(mig) is bool(mig_pools), tenant.name
+        assert "pods" in hard
+
+
+def _requests(pod: dict[str, Any]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
+    for container in pod["containers"]:
+        for name, value in container["resources"]["requests"].items():
+            total[name] += float(parse_quantity(str(value)))
+    return total
+
+
+@pytest.mark.parametrize("stack", VOLCANO_STACKS)
+def test_what_each_queue_is_handed_fits_its_capability(stack: str) -> None:
+    """Volcano creates every pod of a job whatever its queue may hold, marks each Unschedulable, and Karpenter
+    launches nodes for all of them (volcano-sh/volcano issue 4710): a queue's jobs, at their full replicas, must
+    fit its capability, or GPU nodes are bought for pods the queue never admits."""
+    demand: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for job in _jobs(stack):
+        queue = job["spec"].get("queue", "default")
+        for task in job["spec"]["tasks"]:
+            for name, amount in _requests(task["template"]["spec"]).items():
+                demand[queue][name] += task["replicas"] * amount
+    queues = _queues(stack)
+    for queue, wanted in demand.items():
+        capability = queues[queue]["spec"].get("capability") or {}
+        for name, limit in capability.items():
+            assert wanted.get(name, 0) <= float(parse_quantity(str(limit))), (
+                f"queue {queue}: its jobs ask {wanted.get(name)} {name}, capability {limit}")
+
+
+@pytest.mark.parametrize("stack", VOLCANO_STACKS)
+def test_fabric_checks_run_in_their_own_namespace_and_queue(stack: str) -> None:
+    checks = [j for j in _jobs(stack) if j["metadata"]["labels"].get("trainyard.io/check") == "fabric"]
+    if not settings_of(read_stack(stack)).fabric_checked_pools:
+        assert not checks
+        return
+    assert checks
+    assert {(j["metadata"]["namespace"], j["spec"]["queue"]) for j in checks} == {
+        (FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE)}
+    queue = _queues(stack)[FABRIC_CHECK_QUEUE]["spec"]
+    # Lent to no one and taken back from no one.
+    assert queue["reclaimable"] is False
+    others = [j for j in _jobs(stack) if j not in checks]
+    assert all(j["spec"]["queue"] != FABRIC_CHECK_QUEUE for j in others)
