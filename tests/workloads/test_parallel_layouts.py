@@ -42,7 +42,7 @@ LAYOUTS: dict[str, tuple[int, list[str], str]] = {
 # Resumed from the pp2_fsdp2_tp2 checkpoint at step 2.
 RESUMED: dict[str, tuple[int, list[str]]] = {
     "one_process": (1, []),
-    "fsdp3": (3, [FSDP]),
+    "pp2_fsdp3": (6, [FSDP, "parallel.pp=2"]),  # an odd data-parallel degree under pipelining: shares 6, 5, 5
     "pp2_tp2_zbv": (4, [FSDP, "parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=ZBVZeroBubble"]),
 }
 
