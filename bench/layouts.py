@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/layouts.py
 
-Each layout trains the same 4-layer model (width 256, vocabulary 512) for a few steps under torchrun. After its
-first optimizer step every rank reports the bytes it holds (parameters, gradients, optimizer state: its shards
+Each layout trains the same 4-layer model (width 256, vocabulary 512) for a few steps under torchrun. In its
+second optimizer step every rank reports the bytes it holds (parameters, gradients, optimizer state: its shards
 only); the planner's count for the rank's pipeline coordinate is printed beside it, with the planner's whole
 per-rank estimate (activations included) and the median step time. On CPU the planner runs in its fp32 mode.
 """
