@@ -27,8 +27,9 @@ bf16, DDP computes under bf16 autocast):
   with sequence parallelism divides all but the two all-gathered norm outputs by tp. Full activation
   checkpointing keeps each block's input and one block's worth during recompute. Micro-batches in flight: one
   without pipelining (accumulation frees each before the next); on the first pipeline rank min(pp, m) for
-  1F1B-like schedules, m for GPipe and LoopedBFS, pp(1 + (pp-1)/(pp v)) for interleaved ones (Narayanan et al.
-  2021, arXiv 2104.04473 §2.2), pp + 1 for DualPipeV (DeepSeek-V3 report, arXiv 2412.19437 §3.2.2).
+  1F1B-like schedules, m for GPipe and LoopedBFS, pp(1 + (pp-1)/(pp v)) for interleaved ones (Korthikanti et al.
+  2022 §4.2.3), pp + 1 for DualPipeV (DeepSeek-V3 technical report, arXiv 2412.19437, Table 2); ZBV is taken
+  as 1F1B's peak (an assumption: torch's ZBVZeroBubble keeps about pp micro-batches per rank; unmeasured).
 - Logits: the chunked loss (no TP, no PP, a micro-batch of more than perf.loss_chunk_tokens tokens) holds one
   chunk's fp32 logits and keeps the hidden and head-weight gradients it formed (loss.py); otherwise the
   micro-batch's logits in the compute dtype, their fp32 upcast and the fp32 log-softmax cross-entropy saves
@@ -159,7 +160,7 @@ def _in_flight(layout: Layout, plan: MicroBatchPlan, pp_rank: int) -> float:
         return float(min(pp + 1, m))
     if layout.schedule in MULTI_STAGE_SCHEDULES - {"ZBVZeroBubble"}:
         return min(float(m), pp * (1 + (pp - 1) / (pp * layout.stages_per_rank)))
-    return float(min(pp - pp_rank, m))  # 1F1B, and ZBV (1F1B's peak: Qi et al. 2024, arXiv 2401.10241)
+    return float(min(pp - pp_rank, m))  # 1F1B, and ZBV by assumption (see the module docstring)
 
 
 def estimate(
