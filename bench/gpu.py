@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/gpu.py            # numbers: matmul peak, tokens/s + MFU vs the peer, FSDP2 vs DDP,
                                              #   the planner vs measured memory, checkpoint blocking
-    .venv/bin/python bench/gpu.py --check    # pass/fail: sync/async checkpoints, resume, worker kill, PowerSGD
+    .venv/bin/python bench/gpu.py --check    # pass/fail: sync/async checkpoints, resume, worker kill, a DDP
+                                             #   checkpoint resumed under FSDP2, PowerSGD
 
 On CUDA it uses gpt-small.yaml (124M parameters, bf16, torch.compile) on generated data and NCCL; without
 CUDA it runs the same steps on tiny.yaml with gloo, and says which GPU-only parts it skipped, so the
@@ -18,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -321,6 +323,22 @@ def check(root: Path) -> int:
         checks.report("worker SIGKILL, restart and resume", ok, detail)
     except (RuntimeError, TimeoutError) as exc:
         checks.report("worker SIGKILL, restart and resume", False, str(exc)[-2000:])
+
+    try:
+        # A DDP checkpoint resumes under FSDP2 (DCP resharding on this device's collectives) with the losses DDP
+        # itself goes on with: equal on gloo/fp32, within bf16's rounding on CUDA (FSDP2 gathers bf16 weights where
+        # DDP autocasts from fp32 ones).
+        common = ["checkpoint.interval_steps=20"]
+        finish(root / "ddp", ["train.steps=20", *common], nproc=nproc)
+        shutil.copytree(root / "ddp", root / "fsdp")
+        went_on = steps(finish(root / "ddp", ["train.steps=30", *common], nproc=nproc))[-10:]
+        resumed = steps(finish(root / "fsdp", ["train.steps=30", *common, "parallel.data_parallel=fsdp"],
+                               nproc=nproc))[-10:]  # fmt: skip
+        gap = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(went_on, resumed, strict=True))
+        ok = [e["step"] for e in resumed] == list(range(21, 31)) and gap < (2e-2 if CUDA else 1e-5)
+        checks.report("DDP checkpoint resumed under FSDP2", ok, f"largest relative loss gap {gap:.1e} over steps 21-30")
+    except RuntimeError as exc:
+        checks.report("DDP checkpoint resumed under FSDP2", False, str(exc)[-2000:])
 
     try:
         events = finish(
