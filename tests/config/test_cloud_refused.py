@@ -392,3 +392,52 @@ def _mutated(stack: str, change: Change) -> Raw:
     raw = copy.deepcopy(_raw(stack))
     change(raw)
     return raw
+
+
+@pytest.mark.parametrize(("key", "fragment"), [
+    ("karpenter.sh/discovery", "pick subnets and security groups"),
+    ("kubernetes.io/role/elb", "pick subnets and security groups"),
+    ("kubernetes.io/cluster/trainyard-prod", "pick subnets and security groups"),
+    ("trainyard.io/stack", "trainyard sets on every resource"),
+    ("managed-by", "trainyard sets on every resource"),
+])
+def test_a_stack_wide_tag_a_controller_discovers_by_is_refused(key: str, fragment: str) -> None:
+    def change(raw: Raw) -> str:
+        raw["aws"]["tags"][key] = "trainyard-prod"
+        return f"aws.tags.{key}"
+    refused("prod", change, fragment)
+    accepted("prod", lambda raw: (raw["aws"]["tags"].__setitem__("example.com/owner", "ml"), "")[1])
+
+
+# ---- every key of a stack, given a hostile value, ends in the config report and never in a traceback ---------------
+
+HOSTILE: list[Any] = [None, True, 0, -1, 10**12, 1.5, float("nan"), float("inf"), "", "x", "x\n", "\u0430", "a" * 300,
+                      "../x", "*", "default", [], {}, ["a"], {"a": 1}]
+
+
+def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [path] if path else []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found += _leaves(value, (*path, key))
+    return found
+
+
+@pytest.mark.parametrize("stack", ["prod", "local"])
+def test_a_hostile_value_anywhere_is_a_config_problem_not_a_crash(stack: str) -> None:
+    base = _raw(stack)
+    crashes = []
+    for path in _leaves(base):
+        for value in HOSTILE:
+            raw = copy.deepcopy(base)
+            node = raw
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = copy.deepcopy(value)
+            try:
+                parse_settings(PROJECT, stack, raw)
+            except ConfigError:
+                pass
+            except Exception as error:  # noqa: BLE001 - the point: nothing but ConfigError may escape
+                crashes.append(f"{path} = {value!r}: {error!r}")
+    assert crashes == []

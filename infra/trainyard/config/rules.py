@@ -119,6 +119,13 @@ def _target(s: Settings) -> Iterator[Problem]:
             yield Problem(f"aws.availabilityZones[{i}]", f"{zone!r} is not a zone of region {s.aws.region!r}")
     for zone in _duplicates(s.aws.availability_zones):
         yield Problem("aws.availabilityZones", f"{zone!r} is listed twice")
+    for key in s.aws.tags:
+        if key in PROGRAM_TAGS:
+            yield Problem(f"aws.tags.{key}", f"{key!r} is a tag trainyard sets on every resource itself")
+        elif key.startswith(DISCOVERY_TAG_PREFIXES):
+            yield Problem(f"aws.tags.{key}", f"{key!r}: tags under {', '.join(DISCOVERY_TAG_PREFIXES)} are read by "
+                                             "Karpenter and EKS to pick subnets and security groups; on every resource "
+                                             "(public subnets too) they would put all of them in play")
     if s.environment == "prod" and len(s.aws.availability_zones) < 3:
         yield Problem("aws.availabilityZones", "prod needs at least 3 availability zones")
 
@@ -325,6 +332,12 @@ EKS_LABEL_MAX = 63
 # never be removed.
 PLATFORM_TAINT_KEYS = frozenset({names.GPU_HEALTH_TAINT_KEY, names.GPU_HEALTH_FAILED_TAINT_KEY,
                                  names.CILIUM_AGENT_NOT_READY_TAINT_KEY})
+# Tags the program puts on every AWS resource (cloud/naming.py base_tags), and prefixes of the tags controllers
+# discover resources by: Karpenter's subnet and security group selectors (karpenter.sh/discovery, karpenter.sh
+# docs "EC2NodeClasses"), EKS and load balancer subnet roles (kubernetes.io/cluster/<name>, kubernetes.io/role/elb:
+# docs.aws.amazon.com/eks/latest/userguide/network-load-balancing.html).
+PROGRAM_TAGS = frozenset({"trainyard.io/stack", "managed-by"})
+DISCOVERY_TAG_PREFIXES = ("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/", "k8s.io/", "trainyard.io/")
 # Labels the program sets on every node from the pool's role, name, MIG layout and GPU sharing (cloud/aws.py
 # pool_labels).
 PROGRAM_LABELS = frozenset({names.ROLE_LABEL, names.POOL_LABEL, names.MIG_CONFIG_LABEL, names.GPU_SHARING_KEY,
@@ -635,7 +648,7 @@ def _hard_topology_on_pool(at: str, job: Job, pool: NodePool) -> Iterator[Proble
         yield Problem(f"{at}.networkTopology.mode", f"hard on pool {pool.name!r}: {', '.join(unlabelled)} report no "
                                                     "EC2 network topology, so their nodes are in no HyperNode and the "
                                                     "job would never start")
-    elif topology.highest_tier is not None and topology.highest_tier > min(t.network_layers for t in types):
+    elif types and topology.highest_tier is not None and topology.highest_tier > min(t.network_layers for t in types):
         yield Problem(f"{at}.networkTopology.highestTier", f"{topology.highest_tier} is above the "
                                                            f"{min(t.network_layers for t in types)} network layers "
                                                            f"of pool {pool.name!r}")
