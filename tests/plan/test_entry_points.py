@@ -371,3 +371,19 @@ def test_graph_replaces_a_graph_it_wrote(tmp_path: Path, capsys: pytest.CaptureF
         assert main(["plan", "--stack", "local", "--quiet", "--graph", str(target)]) == 0
     assert target.read_text().startswith("flowchart LR")
     assert "error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/etc/escaped", "a/../../../escaped"])
+def test_an_object_name_never_places_a_plan_file_outside_the_folder(tmp_path: Path, name: str) -> None:
+    recording = _recording("a")
+    record = recording.resources[0]
+    recording.resources.append(dataclasses.replace(
+        record, urn=record.urn + "-evil", name="evil",
+        inputs={**record.inputs, "metadata": {"name": name, "namespace": "ns"}}))
+    try:
+        write_plan(recording, tmp_path / "plan")  # a '/' in a name is a folder inside the plan, at most
+    except ValueError as error:
+        assert "nothing was written" in str(error)  # a '..' is refused
+        assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["plan"])
+    assert not Path("/etc/escaped.yaml").exists() and not list(tmp_path.parent.glob("escaped*"))
