@@ -14,7 +14,7 @@ import trainer_launch
 from trainyard_train.config import Config, ConfigError, load_config, parse_config
 from trainyard_train.exitcodes import CONFIG_ERROR
 from trainyard_train.layout import micro_batch_plan, rank_share, resolve, stage_layers
-from trainyard_train.validate import check_launch, check_node_range
+from trainyard_train.validate import check_launch, check_node_range, check_torchrun_command
 
 FSDP = "parallel.data_parallel=fsdp"
 
@@ -153,5 +153,40 @@ def test_the_trainer_refuses_a_layout_before_the_rendezvous(tmp_path: Path) -> N
     )  # fmt: skip
     assert result.returncode == CONFIG_ERROR, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("trainyard_train: config error: parallel.tp: 4 "), (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "refused"),
+    [
+        (["--nnodes=2:4", "--nproc-per-node=4"], "at 3 node(s) of 4 processes"),  # a copy spans 2 nodes of 4
+        (["--nnodes", "2", "--nproc_per_node", "4"], None),
+        (["--nnodes=1:2", "--nproc-per-node=8"], None),  # a copy within a node: any count
+        (["--standalone", "--nproc-per-node=2"], "parallel.pp: a model copy spans 4 nodes"),
+        (["--nnodes=1:2", "--nproc-per-node=gpu"], None),  # known only on the node: the trainer checks it
+        (["--nnodes=two", "--nproc-per-node=8"], "--nnodes: 'two' is not"),
+    ],
+)
+def test_a_torchrun_command_is_checked_at_every_node_count_it_allows(flags: list[str], refused: str | None) -> None:
+    cfg = tiny("parallel.tp=2", "parallel.pp=4", "model.n_layers=4", "train.global_batch_size=64")
+    argv = [*flags, "-m", "trainyard_train", "--config", "c.yaml", "--nnodes=9"]  # trainer args are not torchrun's
+    if refused is None:
+        check_torchrun_command(cfg, argv)
+        return
+    with pytest.raises(ConfigError) as excinfo:
+        check_torchrun_command(cfg, argv)
+    assert refused in str(excinfo.value), str(excinfo.value)
+
+
+def test_preflight_refuses_a_launch_whose_node_range_the_layout_cannot_use(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainyard_train.preflight", "--nnodes=1:3", "--nproc-per-node=2", "-m",
+         "trainyard_train", "--config", str(trainer_launch.TINY), f"run_dir={tmp_path}", FSDP, "parallel.pp=2",
+         "parallel.tp=2"],
+        env=trainer_launch.subprocess_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == CONFIG_ERROR, result.stderr
+    assert result.stderr.strip().startswith("trainyard_train: config error: parallel.pp: a model copy spans 2 nodes"), (
         result.stderr
     )

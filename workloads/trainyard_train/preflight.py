@@ -19,6 +19,7 @@ from .data import MANIFEST, Manifest
 from .exitcodes import CONFIG_ERROR
 from .export import ExportTarget
 from .metrics import resolve_port
+from .validate import check_torchrun_command
 
 RUN_MODEL_KEY = "model"
 """The commit marker's copy of the model section: what a resumed run must match (loop.Trainer.save)."""
@@ -93,7 +94,9 @@ def check(args: argparse.Namespace) -> Config:
 
 
 def check_command_line(argv: Sequence[str]) -> Config:
-    return check(parse_args(trainer_argv(argv)))
+    cfg = check(parse_args(trainer_argv(argv)))
+    check_torchrun_command(cfg, argv)  # the layout against every node count the launch may start with
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
     check_launch(cfg, world_size=16, local_world_size=8)        # the trainer, from torchrun's environment
     check_node_range(cfg, nproc_per_node=8, min_nodes=2, max_nodes=8)   # the platform's plan, per job
+    check_torchrun_command(cfg, ["--nnodes=2:8", "--nproc-per-node=8", "-m", "trainyard_train", ...])  # a launch
 
 Pure Python (config and layout only, no torch): the plan imports it. Each problem is a ConfigError whose message
 starts with the key to change. Elastic resizing changes only the data-parallel dimension, so a layout is
@@ -11,6 +12,8 @@ model copies. A block spanning k nodes needs a node count that is a multiple of 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .config import Config, ConfigError
 from .layout import MicroBatchPlan, for_config
@@ -68,3 +71,33 @@ def check_node_range(cfg: Config, *, nproc_per_node: int, min_nodes: int, max_no
         except ConfigError as exc:
             raise ConfigError(f"{exc} (at {nodes} node(s) of {nproc_per_node} processes, within the job's node "
                               f"range {min_nodes}:{max_nodes})") from None
+
+
+def _flag(launcher_args: Sequence[str], *names: str) -> str | None:
+    """The last value of a torchrun flag, given as ``--flag=value`` or ``--flag value``."""
+    value = None
+    for i, item in enumerate(launcher_args):
+        for name in names:
+            if item == name and i + 1 < len(launcher_args):
+                value = launcher_args[i + 1]
+            elif item.startswith(name + "="):
+                value = item.split("=", 1)[1]
+    return value
+
+
+def check_torchrun_command(cfg: Config, argv: Sequence[str]) -> None:
+    """check_node_range for the node range and processes per node a torchrun command line asks for (its flags
+    before ``-m MODULE``; torch/distributed/run.py@v2.13.0 spells them --nnodes=N|MIN:MAX, --nproc-per-node or
+    --nproc_per_node, --standalone for one node). A process count of gpu, cpu or auto is only known on the node:
+    the trainer checks that world itself (check_launch)."""
+    items = list(argv)
+    module = next((i for i in range(len(items) - 1) if items[i] == "-m"), len(items))
+    launcher = items[:module]
+    nproc = _flag(launcher, "--nproc-per-node", "--nproc_per_node") or "1"
+    nnodes = "1" if "--standalone" in launcher else (_flag(launcher, "--nnodes") or "1")
+    low, _, high = nnodes.partition(":")
+    if not nproc.isdigit():
+        return
+    if not (low.isdigit() and (high or low).isdigit()):
+        raise ConfigError(f"--nnodes: {nnodes!r} is not a node count or MIN:MAX range")
+    check_node_range(cfg, nproc_per_node=int(nproc), min_nodes=int(low), max_nodes=int(high or low))
