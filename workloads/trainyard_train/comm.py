@@ -7,13 +7,14 @@ under ``no_sync``), so the meter reports the gradient bytes. PowerSGD is a Pytho
 wrapper around it adds up, per bucket, the bytes the hook is about to send, from the same rule the hook
 uses to decide what to compress. Nothing process-wide is patched.
 
-QSGD (Alistarh et al. 2017, arXiv:1610.02132) and top-k sparsification (Aji and Heafield 2017, arXiv:1704.05021;
-with error feedback as in Stich et al. 2018, arXiv:1809.07599) are not in torch 2.13's ddp_comm_hooks. Both keep
+QSGD (Alistarh et al. 2017, arXiv:1610.02132; bucketed, 512 values per norm) and top-k sparsification (Aji and
+Heafield 2017, arXiv:1704.05021; with error feedback as in Stich et al. 2018, arXiv:1809.07599) are not in torch
+2.13's ddp_comm_hooks. Both keep
 each rank's residual, the part of its gradient not yet sent, and add it to the next step's gradient (error
 feedback: what one step drops, a later one sends). Their payloads cannot be summed in flight (each rank has its own
-scale, or its own indices), so each rank's payload is all-gathered and decoded by everyone: per bucket of n
-values, QSGD sends n signed bytes plus its float32 norm (about 4x less than all-reduce), top-k 8 bytes per kept
-value (k = ratio x n). The residuals are rank-local and start from zero after a resume.
+scale, or its own indices), so each rank's payload is all-gathered and decoded by everyone: per bucket of n values,
+QSGD sends n signed bytes plus a float32 norm per 512 values (about 4x less than all-reduce), top-k 8 bytes per
+kept value (k = ratio x n). The residuals are rank-local and start from zero after a resume.
 
 PowerSGD on gloo aborts the process (SIGABRT) once the gradients fill more than one DDP bucket
 (pytorch/pytorch#58467; reproduced with torch 2.13: a model over DDP's 1 MiB first bucket dies at the first
@@ -176,22 +177,32 @@ class ErrorFeedback:
         return work.get_future().then(done)
 
 
+QSGD_CHUNK = 512
+"""Values per norm: QSGD quantizes buckets of d consecutive values, each against its own norm (the paper's d = 512
+in its experiments); one norm for a whole DDP bucket of millions of values would leave most of them at level 0."""
+
+
 def qsgd_hook(state: ErrorFeedback, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """QSGD with s = ``levels``: each value becomes sign x a level in 0..s of the bucket's L2 norm, rounded up or
-    down at random so that the expectation is the value itself; one signed byte per value, plus the norm."""
+    """QSGD with s = ``levels``: each value becomes sign x a level in 0..s of its chunk's L2 norm, rounded up or
+    down at random so that the expectation is the value itself; one signed byte per value, one float per chunk."""
     x = state.corrected(bucket)
-    norm = x.norm()
-    scaled = x.abs() / norm * state.levels if norm > 0 else torch.zeros_like(x)
+    n = x.numel()
+    chunks = torch.nn.functional.pad(x, (0, -n % QSGD_CHUNK)).view(-1, QSGD_CHUNK)
+    norms = chunks.norm(dim=1, keepdim=True)
+    scaled = torch.where(norms > 0, chunks.abs() / norms.clamp(min=torch.finfo(x.dtype).tiny), 0.0) * state.levels
     levels = torch.floor(scaled + torch.rand_like(scaled)).clamp_(max=state.levels)
-    quantized = (levels * x.sign()).to(torch.int8)
-    state.residuals[bucket.index()] = x - quantized.float() * (norm / state.levels)
-    payload = torch.cat([norm.reshape(1).float().view(torch.int8), quantized])
+    quantized = (levels * chunks.sign()).to(torch.int8)
+    sent = (quantized.float() * (norms / state.levels)).flatten()[:n]
+    state.residuals[bucket.index()] = x - sent
+    count = norms.numel()
+    payload = torch.cat([norms.flatten().view(torch.int8), quantized.flatten()])
 
     def decode(payloads: list[torch.Tensor]) -> torch.Tensor:
-        total = torch.zeros_like(x)
+        total = torch.zeros_like(chunks)
         for p in payloads:
-            total.add_(p[4:].float(), alpha=float(p[:4].view(torch.float32)) / state.levels)
-        return total
+            scale = p[: 4 * count].view(torch.float32).view(-1, 1) / state.levels
+            total.add_(p[4 * count :].view(-1, QSGD_CHUNK).float() * scale)
+        return total.flatten()[:n]
 
     return state.gather(bucket, payload, decode)
 
