@@ -16,9 +16,11 @@ APT_PACKAGES := prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck user-m
 # Two workers on the 2-core CI machine; `make test JOBS=auto` elsewhere.
 JOBS ?= 2
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt pyproject.toml workloads/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements.txt -e .
+	# The rehearsal runs the trainer's own config checks (trainyard_train.validate/planner: pure Python, no torch).
+	$(BIN)/pip install --quiet --no-deps -e ./workloads
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt workloads/pyproject.toml

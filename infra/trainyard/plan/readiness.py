@@ -35,6 +35,7 @@ from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, Cluster
 from trainyard.plan.pods import awaited_by_install, lookup, pod_needs, workloads
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import RenderedRelease, RenderedStack, chart_name
+from trainyard.plan.trainer_check import trainer_problem
 from trainyard.platform.registry import load_registry
 
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
@@ -473,6 +474,12 @@ def _is(*types: str) -> Callable[[ResourceRecord], bool]:
     return lambda record: record.type in types
 
 
+def trainer_config_valid(record: ResourceRecord, moment: Moment) -> str | None:
+    """The trainer accepts its config at every node count of the job's range, and fits the smallest device its
+    pods can get (issue 19 finding 4: an elastic job that forms at a size its batch cannot split fails there)."""
+    return trainer_problem(record, moment.records, {pool.name: pool for pool in moment.after.pools})
+
+
 RULES: tuple[Rule, ...] = (
     Rule("node-needs-cni", _is(NODE_GROUP), node_group_needs_cni,
          "terraform-aws-modules/terraform-aws-eks issues 3160, 3446, 3525; Cilium EKS install guide"),
@@ -499,4 +506,6 @@ RULES: tuple[Rule, ...] = (
     Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
          "Karpenter disruption docs (WhenEmpty); Fluid AlluxioRuntime/Dataset placement"),
+    Rule("trainer-config-valid", _is(VOLCANO_JOB), trainer_config_valid,
+         "trainyard_train validate.check_node_range and planner.check_fits (the trainer's own checks)"),
 )
