@@ -129,7 +129,8 @@ def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
     pool = args.pool
     resources = check_resources(pool)
     cmd, arguments = command(args, resources.processes)
-    env = {**EFA_ENV, **NCCL_LOGGING}
+    # HOME on the writable /tmp: the root filesystem is read-only (CUDA's JIT cache defaults to ~/.nv).
+    env = {**EFA_ENV, **NCCL_LOGGING, "HOME": "/tmp"}
     container = {
         "name": "commcheck",
         "image": args.image,

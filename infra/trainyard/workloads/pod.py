@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import pulumi
+
 from trainyard.cloud.context import PoolFacts
 from trainyard.config.quantity import quantity_bytes
 from trainyard.names import GPU_TAINT_KEY, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
@@ -13,6 +15,8 @@ from trainyard.workloads import launch
 from trainyard.workloads.args import TrainingJobArgs
 from trainyard.workloads.sizing import EFA_RESOURCE, PodResources
 
+# The trainer's variable for the export prefix (workloads/trainyard_train/export.py EXPORT_ENV).
+EXPORT_ENV = "TRAINYARD_CHECKPOINT_EXPORT"
 JOB_LABEL = "trainyard.io/job"
 TENANT_LABEL = "trainyard.io/tenant"
 ZONE_KEY = "topology.kubernetes.io/zone"
@@ -106,12 +110,29 @@ def pod_template(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
     return {"metadata": {"labels": job_labels(args)}, "spec": spec}
 
 
+def checkpoint_export(args: TrainingJobArgs) -> pulumi.Output[str] | None:
+    """Where the trainer copies committed checkpoints (and restores from when its claim is empty): the job's
+    prefix under its namespace's in the checkpoint bucket, the only prefix its role may write
+    (cloud/iam.py namespace_read_write; trainyard_train/export.py reads it)."""
+    bucket = args.cluster.checkpoint_bucket
+    if bucket is None:
+        return None
+    return pulumi.Output.concat("s3://", bucket, f"/{args.namespace}/{args.job.name}/")
+
+
 def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
-    env = {
+    env: dict[str, pulumi.Input[str]] = {
         "TRAINYARD_METRICS_PORT": str(launch.METRICS_PORT),
         # A fresh rendezvous store per round: restarted workers must not dial their predecessors' addresses.
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # The root filesystem is read-only: caches that default to $HOME (Triton's ~/.triton, CUDA's ~/.nv,
+        # ~/.cache) go to the writable /tmp instead of failing on the image's /home/trainer.
+        "HOME": "/tmp",
     }
+    if (export := checkpoint_export(args)) is not None:
+        env[EXPORT_ENV] = export
+        # boto3 takes its region from here; Pod Identity injects credentials only (AWS_CONTAINER_CREDENTIALS_*).
+        env |= {"AWS_REGION": str(args.cluster.region), "AWS_DEFAULT_REGION": str(args.cluster.region)}
     if EFA_RESOURCE in shape.resources.accelerators:
         # EFA pins NCCL's buffers; no IPC_LOCK (tenant namespaces enforce Pod Security "baseline", which refuses
         # it): the node bootstrap gives containerd, and so every container, an unlimited RLIMIT_MEMLOCK.
