@@ -60,7 +60,7 @@ def test_the_same_file_checked_by_read_stack_names_the_stacks_folder(tmp_path: P
     ("config: 3\n", "got a int"),
     ("config:\n  trainyard:grafanaAdminPassword: hunter2\n", "must be encrypted"),
     ("config:\n  grafanaAdminPassword: hunter2\n", "pulumi config set --secret grafanaAdminPassword"),
-    ("config:\n  trainyard:addons: {rookCeph: {snapshotSchedule: 2024-01-01}}\n", "quote it"),
+    ("config:\n  trainyard:addons: {alluxio: {datasetPrefix: 2024-01-01}}\n", "quote it"),
 ])
 def test_a_file_of_the_wrong_shape_is_refused(tmp_path: Path, text: str, fragment: str) -> None:
     (tmp_path / "Pulumi.bad.yaml").write_text(text)

@@ -43,9 +43,8 @@ BAD_STACKS: dict[str, bytes] = {
     "tenant-named-default": DEV.replace("  trainyard:workloads:", "    - name: default\n      namespace: team-d\n"
                                         "  trainyard:workloads:").encode(),
     "tenant-named-root": DEV.replace("  trainyard:workloads:", "    - name: root\n  trainyard:workloads:").encode(),
-    "snapshot-not-periodic": DEV.replace("    rookCeph:\n", "    rookCeph:\n      snapshotSchedule: bogus\n").encode(),
-    "snapshot-step-zero": DEV.replace("    rookCeph:\n", "    rookCeph:\n      snapshotSchedule: '*/0 * * * *'\n")
-    .encode(),
+    "ceph-zones-too-few": DEV.replace("    rookCeph:\n      replicas: 1\n",
+                                      "    rookCeph:\n      replicas: 3\n      failureDomain: zone\n").encode(),
     "dataset-prefix-wildcard": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: 'data*/'\n").encode(),
     "dataset-prefix-no-slash": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: datasets\n").encode(),
     "zone-not-a-letter": DEV.replace("us-west-2b]", "us-west-2-]").encode(),

@@ -23,7 +23,6 @@ from trainyard.platform.addon import Addon
 from trainyard.platform.gpu_operator import device_plugin_configs
 from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
 from trainyard.platform.registry import load_registry
-from trainyard.platform.rook_ceph import snapshot_interval
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS = available_stacks()
@@ -241,13 +240,10 @@ def test_time_slicing_config_follows_settings() -> None:
 # --------------------------------------------------------------------------------------------- Rook-Ceph
 
 
-@pytest.mark.parametrize(("stack", "replicas", "mons", "mgrs", "interval", "retention"), [
-    ("prod", 3, 3, 2, "4h", "12n"),
-    ("staging", 3, 3, 2, "6h", "8n"),
-    ("dev", 1, 1, 2, "6h", "8n"),
-])
-def test_ceph_cluster_values_per_stack(stack: str, replicas: int, mons: int, mgrs: int, interval: str,
-                                       retention: str) -> None:
+@pytest.mark.parametrize(("stack", "mons", "mgrs"), [("prod", 3, 2), ("staging", 3, 2), ("dev", 1, 2)])
+def test_ceph_cluster_values_per_stack(stack: str, mons: int, mgrs: int) -> None:
+    rook = settings_of(read_stack(stack)).addons.rook_ceph
+    replicas, domain = rook.replicas, rook.failure_domain
     values = _releases(stack)["rook-ceph-cluster"]["values"]
     spec = values["cephClusterSpec"]
     assert (spec["mon"]["count"], spec["mgr"]["count"]) == (mons, mgrs)
@@ -256,34 +252,20 @@ def test_ceph_cluster_values_per_stack(stack: str, replicas: int, mons: int, mgr
     role = {daemon: placement[daemon]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] for daemon in ("mon", "mgr", "osd")}
     assert role == {"mon": ["system"], "mgr": ["system"], "osd": ["storage"]}
-    assert spec["storage"]["useAllDevices"] is False and spec["storage"]["deviceFilter"]
+    assert spec["storage"]["useAllDevices"] is False and spec["storage"]["devicePathFilter"]
     (pool,) = values["cephBlockPools"]
-    assert pool["spec"]["failureDomain"] == "host" and pool["spec"]["replicated"]["size"] == replicas
+    assert pool["spec"]["failureDomain"] == domain and pool["spec"]["replicated"]["size"] == replicas
     assert pool["spec"]["replicated"]["requireSafeReplicaSize"] is (replicas > 1)
     (filesystem,) = values["cephFileSystems"]
     fs = filesystem["spec"]
     assert {p["replicated"]["size"] for p in [fs["metadataPool"], *fs["dataPools"]]} == {replicas}
-    assert fs["mirroring"]["snapshotSchedules"] == [{"path": "/volumes/csi", "interval": interval}]
-    assert fs["mirroring"]["snapshotRetention"] == [{"path": "/volumes/csi", "duration": retention}]
+    assert "mirroring" not in fs
     assert values["monitoring"]["enabled"] is True
 
 
 def test_ceph_data_is_protected() -> None:
     protected = {r.name for r in _recording("prod").resources if r.type == HELM_RELEASE and r.protect}
     assert protected == {"rook-ceph-storage-release"}
-
-
-@pytest.mark.parametrize(("cron", "interval"), [
-    ("0 */6 * * *", "6h"), ("*/30 * * * *", "30m"), ("0 0 * * *", "1d"), ("0 0 */2 * *", "2d"),
-])
-def test_snapshot_interval_from_cron(cron: str, interval: str) -> None:
-    assert snapshot_interval(cron) == interval
-
-
-@pytest.mark.parametrize("cron", ["15 */6 * * *", "0 3 * * *", "0 */6 * * 1", "every hour"])
-def test_snapshot_interval_rejects_non_periodic_cron(cron: str) -> None:
-    with pytest.raises(ValueError, match="periodic"):
-        snapshot_interval(cron)
 
 
 # ------------------------------------------------------------------------------------------ Fluid/Alluxio

@@ -16,7 +16,6 @@ from pydantic.alias_generators import to_camel
 
 from trainyard.config import name_rules
 from trainyard.config.quantity import parse_quantity
-from trainyard.config.schedule import snapshot_interval
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
@@ -143,11 +142,6 @@ def _is_relative_path(value: str) -> bool:
 def _relative_path(value: str) -> str:
     if not _is_relative_path(value):
         raise ValueError(f"{value!r} must be a relative path of letters, digits, '.', '_' and '-' (no '..')")
-    return value
-
-
-def _snapshot_schedule(value: str) -> str:
-    snapshot_interval(value)  # ValueError naming the forms that map to a Ceph interval
     return value
 
 
@@ -340,10 +334,10 @@ class GpuOperatorSettings(AddonSwitch):
 
 class RookCephSettings(AddonSwitch):
     replicas: Annotated[int, Field(ge=1, le=5)] = 3
+    # CRUSH failure domain: `zone` puts each replica in another availability zone (Rook maps the nodes'
+    # topology.kubernetes.io/zone into CRUSH, pkg/operator/ceph/cluster/osd/topology), so an AZ loss keeps
+    # min_size; `host` only keeps replicas on distinct nodes, several of which may share a zone.
     failure_domain: Literal["host", "zone"] = "host"
-    # Periodic CephFS snapshots of checkpoint volumes (cron in UTC) and how many to keep.
-    snapshot_schedule: Annotated[str, Field(max_length=64), AfterValidator(_snapshot_schedule)] = "0 */6 * * *"
-    snapshot_retention: Annotated[int, Field(ge=1, le=100)] = 8
 
 
 class AlluxioSettings(AddonSwitch):

@@ -445,10 +445,16 @@ def _addons(s: Settings) -> Iterator[Problem]:
         storage = s.pools("storage")
         if not storage:
             yield Problem("addons.rookCeph.enabled", "needs a node pool with role 'storage' for the OSDs")
-        elif a.rook_ceph.failure_domain == "host" and storage[0].min_size < a.rook_ceph.replicas:
+        elif storage[0].min_size < a.rook_ceph.replicas:
             yield Problem("addons.rookCeph.replicas", f"{a.rook_ceph.replicas} replicas across hosts need the "
                                                       f"storage pool's minSize >= {a.rook_ceph.replicas}, "
                                                       f"it is {storage[0].min_size}")
+        if storage and a.rook_ceph.failure_domain == "zone":
+            zones = storage[0].zones or (s.aws.availability_zones if s.aws else [])
+            if len(zones) < a.rook_ceph.replicas:
+                yield Problem("addons.rookCeph.failureDomain",
+                              f"zone puts each of the {a.rook_ceph.replicas} replicas in another zone: the storage "
+                              f"pool spans {len(zones)} ({', '.join(zones)}); lower replicas or use 'host'")
         if s.environment == "prod" and a.rook_ceph.replicas < 3:
             yield Problem("addons.rookCeph.replicas", "prod keeps at least 3 replicas")
     if a.alluxio.enabled and not s.pools("gpu"):

@@ -232,7 +232,8 @@ def _ceph(release: ResourceRecord, pools: list[Pool]) -> Ceph:
 
     storage = spec.get("storage") or {}
     # The rook-ceph-cluster chart defaults to useAllNodes and useAllDevices true; ours merge over them.
-    device_filter = storage.get("useAllDevices", True) or storage.get("deviceFilter") or storage.get("devices")
+    device_filter = (storage.get("useAllDevices", True) or storage.get("deviceFilter")
+                     or storage.get("devicePathFilter") or storage.get("devices"))
     set_hosts = sum(min(int(device_set.get("count", 0) or 0), hosts(placed("osd", device_set.get("placement"))))
                     for device_set in storage.get("storageClassDeviceSets") or ())
     if storage.get("useAllNodes", True):

@@ -1,4 +1,12 @@
-"""Rook-Ceph on the storage pool's NVMe: RBD block volumes and CephFS (RWX checkpoints) with snapshots."""
+"""Rook-Ceph on the storage pool's NVMe: RBD block volumes and CephFS (RWX checkpoints).
+
+Checkpoints leave the cluster through the trainer's S3 export (workloads/pod.py), not through CephFS snapshots: a
+snap-schedule here could only go through the filesystem's `mirroring` settings, which also enable the mirroring
+mgr module and `fs snapshot mirror` with no mirror daemon (rook pkg/operator/ceph/file/controller.go,
+reconcileMirroring @ v1.20.6), keep snapshots Kubernetes cannot see or restore, and pin every deleted
+checkpoint's capacity on the same disks. A claim can still be snapshotted on demand (the ceph-filesystem
+VolumeSnapshotClass).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +19,11 @@ import pulumi
 
 from trainyard.cloud.context import ClusterContext
 from trainyard.config.model import RookCephSettings, Settings
-from trainyard.config.schedule import snapshot_interval
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release
 
-# ceph-csi creates every CephFS subvolume (checkpoint PVC) under this group directory; one schedule covers all.
-CSI_SUBVOLUME_PATH = "/volumes/csi"
+# Rook's default mon volume size (ceph-cluster-crd.md, "Mon Settings": volumeClaimTemplate).
+MON_VOLUME_SIZE = "10Gi"
 
 
 @dataclass(frozen=True)
@@ -33,13 +40,16 @@ class RookCephArgs:
     monitoring: pulumi.Resource | None = None
     # snapshot.storage.k8s.io CRDs (EKS snapshot-controller add-on) for the VolumeSnapshotClasses.
     snapshot_crds: Sequence[pulumi.Resource] = ()
+    # The EBS class the mons keep their stores on, and the resource that makes it.
+    mon_storage_class: str | None = None
+    mon_storage: Sequence[pulumi.Resource] = ()
     depends_on: Sequence[pulumi.Resource] = ()
     # The Ceph cluster holds checkpoints: protected unless the stack turns protection off to be destroyed.
     protect: bool = True
 
 
 def cluster_values(args: RookCephArgs) -> dict[str, Any]:
-    """Computed rook-ceph-cluster values: daemon counts, replication, snapshot schedule."""
+    """Computed rook-ceph-cluster values: daemon counts, mon storage, replication."""
     base, rook = args.cluster_chart.base_values, args.settings
     replicated = {"size": rook.replicas,
                   # Rook refuses size 1 pools unless told that losing the only copy is accepted (dev).
@@ -53,17 +63,13 @@ def cluster_values(args: RookCephArgs) -> dict[str, Any]:
         spec["metadataPool"].update(failureDomain=rook.failure_domain, replicated=replicated)
         for data_pool in spec["dataPools"]:
             data_pool.update(failureDomain=rook.failure_domain, replicated=replicated)
-        # Rook applies CephFS snapshot schedules through the filesystem's mirroring settings (the only place
-        # the CRD has them); no peers are added, so nothing leaves the cluster.
-        spec["mirroring"] = {
-            "enabled": True,
-            "snapshotSchedules": [{"path": CSI_SUBVOLUME_PATH, "interval": snapshot_interval(rook.snapshot_schedule)}],
-            # "<n>n": keep the newest n snapshots of the path.
-            "snapshotRetention": [{"path": CSI_SUBVOLUME_PATH, "duration": f"{rook.snapshot_retention}n"}],
-        }
+    mon: dict[str, Any] = {"count": 3 if args.system_nodes >= 3 else 1}
+    if args.mon_storage_class is not None:
+        mon["volumeClaimTemplate"] = {"spec": {"storageClassName": args.mon_storage_class,
+                                               "resources": {"requests": {"storage": MON_VOLUME_SIZE}}}}
     return {
         "cephClusterSpec": {
-            "mon": {"count": 3 if args.system_nodes >= 3 else 1},
+            "mon": mon,
             "mgr": {"count": 2 if args.system_nodes >= 2 else 1},
         },
         "cephBlockPools": block_pools,
@@ -97,7 +103,7 @@ class RookCeph(pulumi.ComponentResource):
                                      depends_on=[*args.depends_on, *monitoring])
         # What an add-on needing Rook waits for: the operator, which owns the ceph.rook.io CRDs.
         self.release = self.operator
-        storage_deps: list[pulumi.Resource] = [self.operator, *monitoring, *args.snapshot_crds]
+        storage_deps: list[pulumi.Resource] = [self.operator, *monitoring, *args.snapshot_crds, *args.mon_storage]
         self.csi_drivers = None
         if args.csi_drivers_chart is not None:
             # Driver CRs need the ceph-csi-operator CRDs that the rook-ceph chart's subchart installs.
@@ -114,7 +120,9 @@ def build(ctx: AddonContext) -> RookCeph:
         operator_chart=ctx.chart("rook-ceph"), cluster_chart=ctx.chart("rook-ceph-cluster"), cluster=ctx.cluster,
         settings=ctx.settings(RookCephSettings), system_nodes=sum(pool.min_size for pool in ctx.stack.pools("system")),
         csi_drivers_chart=ctx.chart("ceph-csi-drivers"), monitoring=ctx.monitoring,
-        snapshot_crds=ctx.snapshot_crds, depends_on=ctx.after, protect=ctx.stack.protect))
+        snapshot_crds=ctx.snapshot_crds, depends_on=ctx.after, protect=ctx.stack.protect,
+        mon_storage_class=ctx.block_storage.name if ctx.block_storage is not None else None,
+        mon_storage=(ctx.block_storage.storage_class,) if ctx.block_storage is not None else ()))
 
 
 def _on_aws(stack: Settings) -> bool:
