@@ -116,3 +116,55 @@ def tenant_objects_scoped(resources: Sequence[Resource]) -> list[Violation]:
             found.append(Violation(r.urn, f"objects of {bucket!r} are granted to every namespace that assumes this "
                                           f"role; scope them to {bucket}/{NAMESPACE_VARIABLE}/*"))
     return found
+
+
+# GitHub Actions' OIDC subject claim: `repo:<owner>/<name>:pull_request` for a pull_request job, `...:environment:
+# <name>` in an environment (docs.github.com, "About security hardening with OpenID Connect").
+_GITHUB_SUBJECT = "token.actions.githubusercontent.com:sub"
+_READ_ONLY_POLICIES = frozenset({"arn:aws:iam::aws:policy/job-function/ViewOnlyAccess",
+                                 "arn:aws:iam::aws:policy/ReadOnlyAccess"})
+# EKS access policies that only read (docs.aws.amazon.com/eks/latest/userguide/access-policy-permissions.html).
+_VIEW_ACCESS_POLICIES = frozenset({"arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy",
+                                   "arn:aws:eks::aws:cluster-access-policy/AmazonEKSAdminViewPolicy"})
+
+
+def _subjects(statement: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(operator, value) of every condition on GitHub's subject claim in an Allow statement."""
+    for operator, conditions in (statement.get("Condition") or {}).items():
+        if isinstance(conditions, Mapping) and _GITHUB_SUBJECT in conditions:
+            for value in _as_list(conditions[_GITHUB_SUBJECT]):
+                yield str(operator), str(value)
+
+
+def _pull_requests_assume(role: Resource) -> bool:
+    """Whether a pull_request job's token (of some repository) satisfies the role's trust: an exact
+    `...:pull_request` subject, or a pattern ending in `*` (which admits it)."""
+    for statement in _statements(role.inputs.get("assumeRolePolicy")):
+        if statement.get("Effect") != "Allow":
+            continue
+        for operator, value in _subjects(statement):
+            if value.endswith(":pull_request") or ("Like" in operator and value.endswith("*")):
+                return True
+    return False
+
+
+def preview_read_only(resources: Sequence[Resource]) -> list[Violation]:
+    """A role that pull-request code can assume only reads: AWS's read-only managed policies and no inline grant,
+    and an EKS access policy that views. Pull requests run unreviewed code, so cluster admin or IAM rights there
+    bypass the deploy environment's reviewers."""
+    found = []
+    for role in (r for r in resources if r.type == "aws:iam/role:Role" and _pull_requests_assume(r)):
+        name = str(role.inputs.get("name", role.name))
+        for r in resources:
+            if r.type == "aws:iam/rolePolicy:RolePolicy" and r.inputs.get("role") == name:
+                found.append(Violation(r.urn, f"grants inline permissions to {name}, which pull requests assume"))
+            elif r.type == "aws:iam/rolePolicyAttachment:RolePolicyAttachment" and r.inputs.get("role") == name \
+                    and r.inputs.get("policyArn") not in _READ_ONLY_POLICIES:
+                found.append(Violation(r.urn, f"attaches {r.inputs.get('policyArn')} to {name}, which pull requests "
+                                              "assume; only read-only policies may be"))
+            elif r.type == "aws:eks/accessPolicyAssociation:AccessPolicyAssociation" \
+                    and str(r.inputs.get("principalArn", "")).endswith(f":role/{name}") \
+                    and r.inputs.get("policyArn") not in _VIEW_ACCESS_POLICIES:
+                found.append(Violation(r.urn, f"gives {name}, which pull requests assume, the cluster access policy "
+                                              f"{r.inputs.get('policyArn')}; only a view policy may be"))
+    return found

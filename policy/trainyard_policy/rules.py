@@ -31,6 +31,8 @@ RULES: tuple[Rule, ...] = (
     Rule("buckets-secure", "Buckets are encrypted, versioned and private", storage.buckets_secure),
     Rule("imdsv2-required", "Launch templates and EC2NodeClasses require IMDSv2", access.imdsv2_required),
     Rule("no-wildcard-iam", "No IAM statement allows Action '*' on Resource '*'", access.no_wildcard_iam),
+    Rule("preview-read-only", "A role pull-request jobs can assume only reads: read-only AWS policies and a view "
+         "EKS access policy", access.preview_read_only),
     Rule("tenant-objects-scoped", "A role shared by several namespaces reaches a bucket it writes only under "
          "the caller's namespace prefix", access.tenant_objects_scoped),
     Rule("charts-pinned", "Helm releases pin an exact chart version", pinning.charts_pinned),

@@ -1,7 +1,9 @@
-"""The deploy workflows assume the stack's deploy role for long enough (issue 9, items 13 and 14)."""
+"""The deploy workflows run on the stack's runner, as the stack's deploy or read-only preview role, for long enough
+(issue 9, items 13 and 14; issue 18, items 2 and 4)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,26 +28,95 @@ def _credential_steps(workflow: str) -> list[dict[str, Any]]:
             if str(step.get("uses", "")).startswith("aws-actions/configure-aws-credentials@")]
 
 
-@pytest.mark.parametrize("workflow", ["deploy-stack.yml", "preview.yml"])
-def test_workflows_assume_the_role_the_stack_names(workflow: str) -> None:
-    (step,) = _credential_steps(workflow)
-    assert step["with"]["role-to-assume"] == "${{ steps.deploy.outputs.role-arn }}"
-    text = (WORKFLOWS / workflow).read_text()
-    assert "tools/deploy_settings.py" in text and "vars.AWS_ROLE_ARN" not in text
+def _job(workflow: str, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load((WORKFLOWS / workflow).read_text())["jobs"][name]
+    return job
+
+
+def _deploy_settings(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "deploy_settings.py"), *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def _outputs(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    assert result.returncode == 0, result.stderr
+    return dict(line.split("=", 1) for line in result.stdout.splitlines())
+
+
+def test_the_deploy_runs_on_the_stacks_runner_with_the_stacks_role() -> None:
+    # The runner is a setting of the stack (GitHub's standard ubuntu-* runners have no fixed egress address, so
+    # they cannot reach an endpoint limited to the deploy runners' ranges); the role is the one the program admits.
+    up = _job("deploy-stack.yml", "up")
+    assert up["needs"] == "settings" and up["runs-on"] == "${{ fromJSON(needs.settings.outputs.runner) }}"
+    (step,) = [s for s in up["steps"] if str(s.get("uses", "")).startswith("aws-actions/configure-aws-credentials@")]
+    assert step["with"]["role-to-assume"] == "${{ needs.settings.outputs.role-arn }}"
+    assert step["with"]["aws-region"] == "${{ needs.settings.outputs.region }}"
+    settings = _job("deploy-stack.yml", "settings")
+    assert settings["outputs"] == {key: f"${{{{ steps.deploy.outputs.{key} }}}}" for key in ("region", "role-arn",
+                                                                                         "runner")}
+    assert settings["permissions"] == {"contents": "read"}, "the settings job holds no credential"
+    assert any(s.get("run") == '.venv/bin/python tools/deploy_settings.py "$STACK" >> "$GITHUB_OUTPUT"'
+               for s in settings["steps"])
+    text = (WORKFLOWS / "deploy-stack.yml").read_text()
+    assert "vars.AWS_ROLE_ARN" not in text
+
+
+def test_previews_run_on_the_preview_runner_with_the_preview_role_never_the_deploy_role() -> None:
+    preview = _job("preview.yml", "preview")
+    where = "fromJSON(needs.settings.outputs.settings)[matrix.stack]"
+    assert preview["runs-on"] == f"${{{{ {where}.runner }}}}"
+    (step,) = [s for s in preview["steps"]
+               if str(s.get("uses", "")).startswith("aws-actions/configure-aws-credentials@")]
+    assert step["with"]["role-to-assume"] == f"${{{{ {where}.role-arn }}}}"
+    # No environment: the job's OIDC subject stays repo:<owner>/<name>:pull_request, which only the preview role
+    # trusts (the deploy role's trust names its environment).
+    assert "environment" not in preview
+    settings = _job("preview.yml", "settings")
+    assert any(s.get("run") == ('.venv/bin/python tools/deploy_settings.py --previews dev staging prod >> '
+                                '"$GITHUB_OUTPUT"') for s in settings["steps"])
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_deploy_settings_print_the_stack_role(stack: str) -> None:
+def test_deploy_settings_print_the_stacks_region_role_and_runner(stack: str) -> None:
     settings = settings_of(read_stack(stack))
-    assert settings.deploy is not None
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "deploy_settings.py"), stack], check=True,
-                         capture_output=True, text=True).stdout
-    assert out.splitlines() == [f"role-arn={settings.deploy.role_arn}"]
+    assert settings.deploy is not None and settings.aws is not None
+    runner = settings.deploy.runner
+    expected = {"group": runner.group, "labels": runner.labels} if runner.group else runner.labels
+    assert _outputs(_deploy_settings(stack)) == {"region": settings.aws.region, "role-arn": settings.deploy.role_arn,
+                                                 "runner": json.dumps(expected, separators=(",", ":"))}
+
+
+def test_preview_settings_name_the_preview_role_of_each_previewed_stack() -> None:
+    outputs = _outputs(_deploy_settings("--previews", *AWS_STACKS))
+    previewed = json.loads(outputs["settings"])
+    assert json.loads(outputs["stacks"]) == list(previewed)
+    for stack in AWS_STACKS:
+        settings = settings_of(read_stack(stack))
+        assert settings.deploy is not None
+        preview = settings.deploy.preview
+        if preview is None:
+            assert stack not in previewed
+            continue
+        account = settings.deploy.role_arn.split(":")[4]
+        assert previewed[stack]["role-arn"] == f"arn:aws:iam::{account}:role/trainyard-{stack}-preview"
+        assert previewed[stack]["role-arn"] != settings.deploy.role_arn
+        assert previewed[stack]["runner"] == (preview.runner or settings.deploy.runner).labels
+
+
+def test_a_stack_whose_runner_cannot_reach_its_endpoint_is_refused_before_any_credential(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())
+    document["config"]["trainyard:deploy"]["runner"] = {"labels": ["ubuntu-24.04"]}
+    (stacks / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
+    for args in (("prod",), ("--previews", "prod")):
+        result = _deploy_settings("--stacks-dir", str(stacks), *args)
+        assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+        assert "trainyard:deploy.runner" in result.stderr and "no fixed egress address" in result.stderr
 
 
 def test_deploy_settings_refuse_a_stack_ci_does_not_deploy() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "deploy_settings.py"), "local"],
-                            capture_output=True, text=True)
+    result = _deploy_settings("local")
     assert result.returncode == 2 and "Traceback" not in result.stderr and "trainyard:deploy" in result.stderr
 
 

@@ -11,7 +11,8 @@ from trainyard.cloud.cluster import kubeconfig
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.releases import KUBERNETES_RELEASES
 from trainyard.plan.placeholders import ACCOUNT
-from trainyard.plan.runtime import StackFile, read_stack, render
+from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.runtime import StackFile, read_stack, render, settings_of
 
 RELEASE = KUBERNETES_RELEASES["1.34"]
 
@@ -46,9 +47,11 @@ def test_admin_access_entries_and_cluster_admin_policy() -> None:
     rec = plan("prod")
     admins = ["arn:aws:iam::111122223333:role/platform-admins", "arn:aws:iam::111122223333:role/platform-breakglass",
               "arn:aws:iam::111122223333:role/trainyard-deploy-prod"]
-    entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "STANDARD"]
+    entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "STANDARD"
+               and e.name != "eks-preview"]
     assert sorted(e.inputs["principalArn"] for e in entries) == admins
-    associations = of_type(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    associations = [a for a in of_type(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+                    if a.name != "eks-preview"]
     assert sorted(a.inputs["principalArn"] for a in associations) == admins
     for a in associations:
         assert a.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
@@ -62,7 +65,8 @@ def test_admin_access_entries_and_cluster_admin_policy() -> None:
 def test_public_endpoint_off_without_cidrs() -> None:
     dev = read_stack("dev")
     network = {**json.loads(dev.values["trainyard:network"]), "publicAccessCidrs": []}
-    deploy = {**json.loads(dev.values["trainyard:deploy"]), "apiAccess": "private", "runnerCidrs": ["10.200.0.0/24"]}
+    deploy = {**json.loads(dev.values["trainyard:deploy"]), "apiAccess": "private", "runnerCidrs": ["10.200.0.0/24"],
+              "runner": {"labels": ["self-hosted", "trainyard-vpc"]}}
     private = StackFile("dev", {**dev.values, "trainyard:network": json.dumps(network),
                                 "trainyard:deploy": json.dumps(deploy)}, dev.secret_keys)
     vpc = one(render(private, cloud_and_karpenter), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
@@ -182,7 +186,7 @@ def test_private_api_access_opens_https_from_the_runner_only() -> None:
     staging = read_stack("staging")
     network = {**json.loads(staging.values["trainyard:network"]), "publicAccessCidrs": []}
     deploy = {**json.loads(staging.values["trainyard:deploy"]), "apiAccess": "private",
-              "runnerCidrs": ["10.200.0.0/24"]}
+              "runnerCidrs": ["10.200.0.0/24"], "runner": {"labels": ["self-hosted", "trainyard-vpc"]}}
     private = StackFile("staging", {**staging.values, "trainyard:network": json.dumps(network),
                                     "trainyard:deploy": json.dumps(deploy)}, staging.secret_keys)
     rec = render(private, cloud_and_karpenter)
@@ -193,3 +197,47 @@ def test_private_api_access_opens_https_from_the_runner_only() -> None:
                                                                                        443)
     assert not [r for r in of_type(plan("staging"), "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
                 if r.name.startswith("eks-api-from-runner")]
+
+
+def _preview(stack: str) -> tuple[ResourceRecord, ResourceRecord, ResourceRecord]:
+    rec = plan(stack)
+    return (one(rec, "aws:iam/role:Role", "eks-preview"), one(rec, "aws:eks/accessEntry:AccessEntry", "eks-preview"),
+            one(rec, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation", "eks-preview"))
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_previews_get_their_own_read_only_role_trusted_for_pull_requests_only(stack: str) -> None:
+    """Issue 18 item 4: pull-request code never holds the deploy role; its role reads, and only pull_request jobs
+    of the stack's repository may assume it (docs.github.com, "About security hardening with OpenID Connect":
+    subject repo:<owner>/<name>:pull_request; a job in an environment gets ...:environment:<name>)."""
+    settings = settings_of(read_stack(stack))
+    assert settings.deploy is not None and settings.deploy.preview is not None
+    role, entry, association = _preview(stack)
+    assert role.inputs["name"] == f"trainyard-{stack}-preview"
+    account = settings.deploy.role_arn.split(":")[4]
+    (statement,) = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert statement == {
+        "Effect": "Allow", "Action": "sts:AssumeRoleWithWebIdentity",
+        "Principal": {"Federated": f"arn:aws:iam::{account}:oidc-provider/token.actions.githubusercontent.com"},
+        "Condition": {"StringEquals": {
+            "token.actions.githubusercontent.com:aud": "sts.amazonaws.com",
+            "token.actions.githubusercontent.com:sub": f"repo:{settings.deploy.preview.repository}:pull_request"}}}
+    rec = plan(stack)
+    grants = [r for r in rec.resources if r.type in ("aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+                                                      "aws:iam/rolePolicy:RolePolicy")
+              and r.inputs.get("role") == role.inputs["name"]]
+    assert [(g.type, g.inputs.get("policyArn")) for g in grants] == [
+        ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "arn:aws:iam::aws:policy/job-function/ViewOnlyAccess")]
+    # Its access entry views; the admin policy stays with the deploy role and the admins.
+    assert entry.inputs["principalArn"] == association.inputs["principalArn"] != settings.deploy.role_arn
+    assert entry.inputs["principalArn"].endswith(f":role/trainyard-{stack}-preview")
+    assert association.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy"
+    assert association.inputs["accessScope"] == {"type": "cluster"} and entry.urn in association.depends_on
+
+
+def test_a_stack_without_previews_has_no_preview_role() -> None:
+    dev = read_stack("dev")
+    deploy = {k: v for k, v in json.loads(dev.values["trainyard:deploy"]).items() if k != "preview"}
+    rec = render(StackFile("dev", {**dev.values, "trainyard:deploy": json.dumps(deploy)}, dev.secret_keys),
+                 cloud_and_karpenter)
+    assert not [r for r in rec.resources if r.name.startswith("eks-preview")]

@@ -77,6 +77,61 @@ def test_deploy_problems_name_their_key(change: Any, path: str, fragment: str) -
 def test_private_access_is_a_valid_choice() -> None:
     raw = _raw("staging")
     raw["network"]["publicAccessCidrs"] = []
-    raw["deploy"].update(apiAccess="private", runnerCidrs=["10.200.0.0/24"])
+    raw["deploy"].update(apiAccess="private", runnerCidrs=["10.200.0.0/24"],
+                         runner={"labels": ["self-hosted", "linux", "trainyard-vpc"]})
+    raw["deploy"].pop("preview", None)
     settings = parse_settings(PROJECT, "staging", raw)
     assert settings.deploy is not None and settings.deploy.runner_cidrs == ["10.200.0.0/24"]
+
+
+# ---------------------------------------------------------------------------- the runner reaches the endpoint
+# GitHub's standard hosted runners have no fixed egress address and run outside the VPC (docs.github.com, "About
+# GitHub-hosted runners"); static IPs are a larger-runner feature ("About larger runners"); a self-hosted runner
+# may sit in the VPC.
+
+
+def _private(raw: dict[str, Any]) -> None:
+    raw["network"]["publicAccessCidrs"] = []
+    raw["deploy"].update(apiAccess="private", runnerCidrs=["10.200.0.0/24"])
+
+
+@pytest.mark.parametrize(("change", "path", "fragment"), [
+    (lambda r: r["deploy"].pop("runner"), "trainyard:deploy.runner", "required"),
+    (lambda r: r["deploy"].update(runner={"labels": ["ubuntu-24.04"]}), "trainyard:deploy.runner",
+     "no fixed egress address"),
+    (lambda r: r["deploy"].update(runner={"labels": ["ubuntu-latest"]}), "trainyard:deploy.runner",
+     "no fixed egress address"),
+    (lambda r: r["deploy"].update(runner={"labels": ["ubuntu-24.04-arm"]}), "trainyard:deploy.runner",
+     "standard hosted runners"),
+    (lambda r: (_private(r), r["deploy"].update(runner={"labels": ["trainyard-deploy"]})), "trainyard:deploy.runner",
+     "only a self-hosted runner"),
+    (lambda r: (_private(r), r["deploy"].update(runner={"labels": ["ubuntu-24.04"]})), "trainyard:deploy.runner",
+     "outside the VPC"),
+    (lambda r: r["deploy"].update(preview={"repository": "o/r", "runner": {"labels": ["ubuntu-24.04"]}}),
+     "trainyard:deploy.preview.runner", "no fixed egress address"),
+    (lambda r: r["deploy"].update(runner={"labels": ["bad label"]}), "trainyard:deploy.runner.labels[0]",
+     "not a runner label"),
+    (lambda r: r["deploy"].update(runner={"labels": []}), "trainyard:deploy.runner.labels", "at least 1"),
+    (lambda r: r["deploy"].update(preview={"repository": "not-a-repo"}), "trainyard:deploy.preview.repository",
+     "<owner>/<name>"),
+], ids=["missing", "standard", "latest", "standard-arm", "larger-on-private", "standard-on-private",
+        "preview-standard", "bad-label", "no-label", "bad-repository"])
+def test_a_runner_that_cannot_reach_the_endpoint_is_refused(change: Any, path: str, fragment: str) -> None:
+    raw = copy.deepcopy(_raw("prod"))
+    change(raw)
+    problems = _problems("prod", raw)
+    assert any(p.startswith(f"{path}:") and fragment in p for p in problems), problems
+
+
+def test_runners_that_reach_the_endpoint_are_accepted() -> None:
+    # A larger runner (an organisation's label, or a group) on the public endpoint; a self-hosted runner on either.
+    for runner in ({"labels": ["linux-16-core-static"]}, {"group": "deployers", "labels": ["linux"]},
+                   {"labels": ["self-hosted", "linux"]}):
+        raw = copy.deepcopy(_raw("prod"))
+        raw["deploy"]["runner"] = runner
+        parse_settings(PROJECT, "prod", raw)
+    # A standard hosted runner reaches an endpoint open to everyone (outside prod, said explicitly).
+    raw = copy.deepcopy(_raw("dev"))
+    raw["deploy"]["runner"] = {"labels": ["ubuntu-24.04"]}
+    raw["network"].update(publicAccessCidrs=["0.0.0.0/0"], allowAnyPublicAccess=True)
+    parse_settings(PROJECT, "dev", raw)

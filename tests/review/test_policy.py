@@ -277,8 +277,42 @@ def test_node_class_without_the_toolkit_switch_is_caught() -> None:
     assert node_class.urn in flagged("gpu-env-closed", swap(resources, node_class))
 
 
+def _is_preview(r: Resource) -> bool:
+    return r.name == "eks-preview"
+
+
+@pytest.mark.parametrize(("type_", "change"), [
+    # The deploy role's cluster admin handed to previews, and admin AWS rights on the preview role.
+    ("aws:eks/accessPolicyAssociation:AccessPolicyAssociation",
+     {"policyArn": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"}),
+    ("aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+     {"policyArn": "arn:aws:iam::aws:policy/AdministratorAccess"}),
+])
+def test_a_preview_role_that_writes_is_caught(type_: str, change: dict[str, Any]) -> None:
+    resources, record = find(lambda r: r.type == type_ and r.name.startswith("eks-preview"), f"a preview {type_}")
+    record.inputs.update(change)
+    assert record.urn in flagged("preview-read-only", swap(resources, record))
+
+
+def test_an_admin_role_trusted_for_pull_requests_is_caught() -> None:
+    # The deploy role's entry is admin; were its role created with a pull_request-admitting trust (the wildcard
+    # `repo:<owner>/<name>:*` admits pull_request subjects too), pull requests would get admin.
+    resources, role = find(lambda r: r.type == "aws:iam/role:Role" and _is_preview(r), "a preview role")
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    subject = trust["Statement"][0]["Condition"].pop("StringEquals")
+    trust["Statement"][0]["Condition"]["StringLike"] = {
+        **subject, "token.actions.githubusercontent.com:sub": "repo:your-org/trainyard:*"}
+    role.inputs["assumeRolePolicy"] = json.dumps(trust)
+    name = role.inputs["name"]
+    admin = next(r for r in resources if r.type == "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
+                 and r.name == "eks-deploy")
+    widened = dataclasses.replace(admin, inputs={**admin.inputs, "principalArn": f"arn:aws:iam::1:role/{name}"})
+    assert widened.urn in flagged("preview-read-only", swap(swap(resources, role), widened))
+
+
 def test_every_rule_has_a_breaking_test() -> None:
-    covered = {"mig-layout-fits", "gpu-pools-tainted", "gpu-workloads", "buckets-secure", "imdsv2-required",
+    covered = {"preview-read-only",
+               "mig-layout-fits", "gpu-pools-tainted", "gpu-workloads", "buckets-secure", "imdsv2-required",
                "no-wildcard-iam", "tenant-objects-scoped", "charts-pinned", "images-pinned", "stateful-protected",
                "tenants-isolated", "gpu-sharing-renamed", "shared-gpu-pools-marked", "whole-gpus-unshared",
                "gpu-env-closed"}

@@ -56,7 +56,9 @@ def test_permissions_are_granted_per_job_and_secrets_passed_by_name(path: Path) 
 def test_the_aws_region_comes_from_the_stack() -> None:
     text = "".join(p.read_text() for p in WORKFLOWS)
     assert "us-east-1" not in text and "vars.AWS_REGION" not in text
-    assert text.count("aws-region: ${{ steps.region.outputs.region }}") == 2
+    # Both credential steps take the region tools/deploy_settings.py read from the validated stack.
+    assert text.count("aws-region: ${{ needs.settings.outputs.region }}") == 1
+    assert text.count("aws-region: ${{ fromJSON(needs.settings.outputs.settings)[matrix.stack].region }}") == 1
 
 
 def test_zizmor_finds_nothing_at_medium_or_above() -> None:

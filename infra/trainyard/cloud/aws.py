@@ -29,7 +29,7 @@ from trainyard.cloud.iam import (
     trainer_policy,
 )
 from trainyard.cloud.karpenter import KarpenterInfra, KarpenterInfraArgs
-from trainyard.cloud.naming import base_tags, cluster_name, physical
+from trainyard.cloud.naming import PREVIEW_ROLE, base_tags, cluster_name, physical
 from trainyard.cloud.network import Network, NetworkArgs
 from trainyard.cloud.node_groups import ManagedNodeGroup, ManagedNodeGroupArgs
 from trainyard.cloud.userdata import NodeRole, render_user_data
@@ -99,6 +99,8 @@ def build_aws(settings: Settings) -> ControlPlane:
         public_access_cidrs=tuple(settings.network.public_access_cidrs),
         log_types=tuple(settings.cluster.log_types), admin_principal_arns=tuple(settings.aws.admin_principal_arns),
         deploy_role_arn=settings.deploy.role_arn, runner_cidrs=tuple(settings.deploy.runner_cidrs),
+        preview_repository=settings.deploy.preview.repository if settings.deploy.preview else None,
+        preview_role_name=physical(settings, PREVIEW_ROLE),
         protect=settings.protect, tags=tags), opts=on_aws)
     cluster = eks.cluster
 

@@ -10,11 +10,20 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from trainyard.cloud.iam import ServiceRole, ServiceRoleArgs
+from trainyard.cloud.iam import (
+    VIEW_ONLY_POLICY,
+    ServiceRole,
+    ServiceRoleArgs,
+    github_oidc_provider_arn,
+    github_pull_request_trust,
+)
 from trainyard.cloud.kms import KmsKey, KmsKeyArgs
 from trainyard.cloud.naming import DISCOVERY_TAG
 
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+# Read-only on most Kubernetes objects, Secrets excluded (docs.aws.amazon.com/eks/latest/userguide/
+# access-policy-permissions.html, AmazonEKSViewPolicy).
+CLUSTER_VIEW_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy"
 CLUSTER_MANAGED_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
 CONTROL_PLANE_LOG_RETENTION_DAYS = 90
 
@@ -47,6 +56,10 @@ class EksClusterArgs:
     deploy_role_arn: str
     # apiAccess private: where the deploy runner reaches the private endpoint from (HTTPS to the cluster SG).
     runner_cidrs: tuple[str, ...] = ()
+    # Pull-request previews: the GitHub repository whose pull_request jobs get the read-only preview role, and the
+    # role's name (deploy.preview); None: no preview role.
+    preview_repository: str | None = None
+    preview_role_name: str = ""
     # The secrets key: losing it loses every Kubernetes Secret of the cluster.
     protect: bool = True
     tags: dict[str, str] = field(default_factory=dict)
@@ -58,6 +71,8 @@ class EksCluster(pulumi.ComponentResource):
     cluster: aws.eks.Cluster
     node_security_group: aws.ec2.SecurityGroup
     access: list[pulumi.Resource]
+    # The preview role and its view-only access entry, when the stack has deploy.preview.
+    preview_role: aws.iam.Role | None
     provider: k8s.Provider
     kubeconfig: pulumi.Output[str]
     api_server_host: pulumi.Output[str]
@@ -112,6 +127,8 @@ class EksCluster(pulumi.ComponentResource):
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[entry])))
 
+        self.preview_role = self._preview_role(name, args) if args.preview_repository else None
+
         cluster_sg = self.cluster.vpc_config.cluster_security_group_id
         # Nodes (managed groups and Karpenter's) share one group; Karpenter selects it by the discovery tag.
         self.node_security_group = aws.ec2.SecurityGroup(
@@ -149,3 +166,22 @@ class EksCluster(pulumi.ComponentResource):
             # (pulumi/pulumi-kubernetes PRs 1522, 2489). Teardown of a lost cluster: README, "Tearing down".
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.access))
         self.register_outputs({"name": self.cluster.name, "endpoint": self.cluster.endpoint})
+
+    def _preview_role(self, name: str, args: EksClusterArgs) -> aws.iam.Role:
+        """`pulumi preview` on pull requests: read-only AWS and a view-only access entry, trusted for the
+        repository's pull_request jobs only. pulumi-kubernetes previews without `patch` rights fall back to a
+        client-side diff (pulumi/pulumi-kubernetes PR 2419)."""
+        assert args.preview_repository is not None
+        child = pulumi.ResourceOptions(parent=self)
+        trust = github_pull_request_trust(github_oidc_provider_arn(args.deploy_role_arn), args.preview_repository)
+        role = aws.iam.Role(f"{name}-preview", name=args.preview_role_name, assume_role_policy=json.dumps(trust),
+                            tags=args.tags, opts=child)
+        aws.iam.RolePolicyAttachment(f"{name}-preview-view-only", role=role.name, policy_arn=VIEW_ONLY_POLICY,
+                                     opts=child)
+        entry = aws.eks.AccessEntry(f"{name}-preview", cluster_name=self.cluster.name, principal_arn=role.arn,
+                                    type="STANDARD", tags=args.tags, opts=child)
+        aws.eks.AccessPolicyAssociation(
+            f"{name}-preview", cluster_name=self.cluster.name, principal_arn=role.arn, policy_arn=CLUSTER_VIEW_POLICY,
+            access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]))
+        return role

@@ -90,6 +90,32 @@ def web_identity_trust(provider_arn: str, issuer: str, service_accounts: Sequenc
     } for sa in service_accounts))
 
 
+# GitHub Actions' OIDC issuer and the audience configure-aws-credentials asks for (docs.github.com, "Configuring
+# OpenID Connect in Amazon Web Services": provider URL, `sts.amazonaws.com`, condition keys <host>:aud and :sub).
+GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
+# Read-only metadata of every service, no data (AWS managed policy reference, "ViewOnlyAccess").
+VIEW_ONLY_POLICY = "arn:aws:iam::aws:policy/job-function/ViewOnlyAccess"
+
+
+def github_oidc_provider_arn(account_arn: str) -> str:
+    """The account's GitHub OIDC provider, from any ARN of that account (the deploy role's)."""
+    partition, account = account_arn.split(":")[1], account_arn.split(":")[4]
+    return f"arn:{partition}:iam::{account}:oidc-provider/{GITHUB_OIDC_HOST}"
+
+
+def github_pull_request_trust(provider_arn: str, repository: str) -> Policy:
+    """Only `pull_request` jobs of `repository` may assume the role: their token's subject is
+    `repo:<owner>/<name>:pull_request`, while a job in a GitHub environment gets `...:environment:<name>` and a push
+    `...:ref:<ref>` (docs.github.com, "About security hardening with OpenID Connect", example subject claims), so no
+    deploy job and no other repository can use it."""
+    return document({
+        "Effect": "Allow", "Principal": {"Federated": provider_arn},
+        "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {"StringEquals": {f"{GITHUB_OIDC_HOST}:aud": IRSA_AUDIENCE,
+                                       f"{GITHUB_OIDC_HOST}:sub": f"repo:{repository}:pull_request"}},
+    })
+
+
 def bucket_read(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str], prefix: str = "") -> list[dict[str, Any]]:
     """List and read one bucket (optionally one prefix of it), decrypting with its KMS key."""
     objects = pulumi.Output.concat(bucket_arn, "/", prefix, "*")

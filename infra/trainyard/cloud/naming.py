@@ -10,6 +10,8 @@ from trainyard.config.model import Settings
 
 PREFIX = "trainyard"
 DISCOVERY_TAG = "karpenter.sh/discovery"
+# The pull-request preview role of a stack: `trainyard-<stack>-preview` (tools/deploy_settings.py prints its ARN).
+PREVIEW_ROLE = "preview"
 
 
 def cluster_name(settings: Settings) -> str:

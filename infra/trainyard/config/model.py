@@ -24,6 +24,10 @@ _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
 _TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")
 # Monitoring retention as Prometheus' --storage.tsdb.retention.time reads it (a whole number of days, hours or weeks).
 _RETENTION = re.compile(r"[0-9]+[dhw]")
+# A runner label or group name: letters, digits and . _ - (GitHub refuses others in runner labels).
+_RUNNER_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# A GitHub repository as <owner>/<name> (the `repository` claim of its OIDC tokens).
+_REPOSITORY = re.compile(r"[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}")
 
 
 def _dns_label(value: str) -> str:
@@ -77,6 +81,18 @@ def _principal_arn(value: str) -> str:
 def _role_arn(value: str) -> str:
     if problem := name_rules.principal_arn_problem(value, kinds=("role",)):
         raise ValueError(problem)
+    return value
+
+
+def _runner_label(value: str) -> str:
+    if not _RUNNER_LABEL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a runner label: up to 100 letters, digits, '.', '_' and '-'")
+    return value
+
+
+def _repository(value: str) -> str:
+    if not _REPOSITORY.fullmatch(value):
+        raise ValueError(f"{value!r} is not a GitHub repository: write <owner>/<name>")
     return value
 
 
@@ -179,6 +195,7 @@ RelativePath = Annotated[str, AfterValidator(_relative_path)]
 Region = Annotated[str, AfterValidator(_region)]
 PrincipalArn = Annotated[str, Field(max_length=2048), AfterValidator(_principal_arn)]
 RoleArn = Annotated[str, Field(max_length=2048), AfterValidator(_role_arn)]
+RunnerLabel = Annotated[str, AfterValidator(_runner_label)]
 # Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
 Positive = Annotated[int, Field(gt=0, le=100_000)]
 # Nodes per pool: an EKS managed node group holds at most 450 nodes by default
@@ -238,8 +255,27 @@ class NetworkSettings(Model):
     allow_any_public_access: bool = False
 
 
+class RunnerSettings(Model):
+    """A GitHub Actions runner as a job's `runs-on` selects it: all of `labels`, within `group` when set
+    (docs.github.com, "Choosing the runner for a job")."""
+
+    labels: list[RunnerLabel] = Field(min_length=1, max_length=10)
+    group: RunnerLabel | None = None
+
+
+class PreviewSettings(Model):
+    """Pull-request previews: a read-only role the program creates, trusted for this repository's `pull_request`
+    jobs only, with a view-only access entry (never the deploy role, which stays behind its environment)."""
+
+    # owner/name of the GitHub repository whose pull requests preview this stack.
+    repository: Annotated[str, AfterValidator(_repository)]
+    # The runner previews run on; unset: deploy.runner. A runner that runs pull-request code should be ephemeral.
+    runner: RunnerSettings | None = None
+
+
 class DeploySettings(Model):
-    """How CI's `pulumi up` gets into an AWS stack's cluster: the role it assumes and the path to the API server."""
+    """How CI's `pulumi up` gets into an AWS stack's cluster: the role it assumes, the runner it runs on and the path
+    from that runner to the API server."""
 
     # The role the deploy workflow assumes (GitHub OIDC); it gets a cluster-admin access entry.
     role_arn: RoleArn
@@ -247,6 +283,9 @@ class DeploySettings(Model):
     # routed to) the VPC and reaches the private endpoint from runnerCidrs; the public endpoint is off.
     api_access: Literal["public", "private"] = "public"
     runner_cidrs: list[Cidr] = Field(default_factory=list, max_length=40)
+    # Where .github/workflows/deploy-stack.yml runs `pulumi up` (rules.py checks it can reach the endpoint).
+    runner: RunnerSettings
+    preview: PreviewSettings | None = None
 
 
 class ClusterSettings(Model):

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Literal
 
 from trainyard import names
 from trainyard.config import exposure, name_rules
 from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
 from trainyard.config.mig import MigCatalog
-from trainyard.config.model import Job, NodePool, Settings, TenantResources
+from trainyard.config.model import Job, NodePool, RunnerSettings, Settings, TenantResources
 from trainyard.config.quantity import parse_quantity
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, fabric_check_job
 
@@ -202,6 +203,49 @@ def _deploy(s: Settings) -> Iterator[Problem]:
     if s.aws is not None and d.role_arn in s.aws.admin_principal_arns:
         yield Problem("deploy.roleArn", "is also in aws.adminPrincipalArns; list it once (deploy.roleArn "
                                         "gets its own access entry)")
+    runners = [("deploy.runner", d.runner)]
+    if d.preview is not None and d.preview.runner is not None:
+        runners.append(("deploy.preview.runner", d.preview.runner))
+    for at, runner in runners:
+        if problem := runner_problem(s, runner):
+            yield Problem(at, problem)
+
+
+# GitHub's standard hosted runners (ubuntu-24.04, ubuntu-latest, windows-2025, macos-15, ... and their -arm/-intel
+# variants) are fresh VMs with no fixed egress address, outside any VPC (docs.github.com, "About GitHub-hosted
+# runners"); static IP addresses are a larger-runner feature, chosen by a label or group of the organisation's
+# own (docs.github.com, "About larger runners"); only a self-hosted runner (its default label `self-hosted`,
+# docs.github.com "Using self-hosted runners in a workflow") can sit in, or be routed to, the VPC.
+_STANDARD_HOSTED = re.compile(r"^(ubuntu|windows|macos)-(latest|slim|[0-9]+(\.[0-9]+)?)(-(arm|intel))?$")
+RunnerKind = Literal["self-hosted", "standard", "larger"]
+ANY_ADDRESS = ipaddress.IPv4Network("0.0.0.0/0")
+
+
+def runner_kind(runner: RunnerSettings) -> RunnerKind:
+    if "self-hosted" in runner.labels:
+        return "self-hosted"
+    if any(_STANDARD_HOSTED.match(label) for label in runner.labels):
+        return "standard"
+    return "larger"
+
+
+def runner_problem(s: Settings, runner: RunnerSettings) -> str | None:
+    """Why `runner` cannot reach the stack's Kubernetes API endpoint, or None (pure: the rehearsal reuses it)."""
+    d = s.deploy
+    if d is None:
+        return None
+    kind, labels = runner_kind(runner), ", ".join(runner.labels)
+    if d.api_access == "private" and kind != "self-hosted":
+        where = "GitHub's standard hosted runners" if kind == "standard" else "a GitHub-hosted (larger) runner"
+        return (f"[{labels}] is {where}, outside the VPC: deploy.apiAccess 'private' has no public endpoint, so "
+                "only a self-hosted runner (labels include 'self-hosted') in or routed to the VPC reaches it")
+    opened = [ipaddress.IPv4Network(c) for c in s.network.public_access_cidrs]
+    if d.api_access == "public" and kind == "standard" and ANY_ADDRESS not in opened:
+        return (f"[{labels}] are GitHub's standard hosted runners, which have no fixed egress address, so they "
+                f"cannot reach an endpoint open only to network.publicAccessCidrs "
+                f"({', '.join(s.network.public_access_cidrs)}): use a larger runner with static IP addresses or a "
+                "self-hosted runner, and list its egress ranges there")
+    return None
 
 
 def _pool_types(pool: NodePool) -> list[InstanceType]:
