@@ -133,9 +133,12 @@ def test_managed_node_groups(stack: str, system: tuple[int, int, int], storage: 
         assert g["labels"]["trainyard.io/role"] == pool
         assert g["labels"]["trainyard.io/pool"] == pool
         assert len(g["subnetIds"]) == 3  # spread over every zone
+    # Cilium's EKS requirements: managed groups tainted agent-not-ready until its agent runs on the node
+    # (docs.cilium.io installation/requirements-eks.rst); its operator removes it (removeNodeTaints).
+    cilium = {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NO_EXECUTE"}
     assert groups["storage-group"].inputs["taints"] == [
-        {"key": "trainyard.io/role", "value": "storage", "effect": "NO_SCHEDULE"}]
-    assert groups["system-group"].inputs.get("taints", []) == []
+        {"key": "trainyard.io/role", "value": "storage", "effect": "NO_SCHEDULE"}, cilium]
+    assert groups["system-group"].inputs["taints"] == [cilium]
 
 
 @pytest.mark.parametrize("pool", ["system", "storage"])

@@ -282,6 +282,24 @@ def test_coredns_before_any_ready_node_degrades() -> None:
         ("addon-needs-nodes", "coredns")]
 
 
+def test_cilium_removes_its_agent_not_ready_taint_from_managed_nodes() -> None:
+    # Cilium's EKS requirements taint managed groups node.cilium.io/agent-not-ready=true:NoExecute; the operator
+    # removes it from nodes with a healthy agent (cilium 1.20.0 values.yaml, operator.removeNodeTaints true).
+    eks = cluster()
+    cni = cilium(eks)
+    tainted = node_group("system", eks, cni, taints=[
+        {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NO_EXECUTE"}])
+    coredns = rec("aws:eks/addon:Addon", "coredns", {"addonName": "coredns"}, (tainted,))
+    assert rules_of(eks, cni, tainted, coredns) == []
+    # An operator told to keep the taint leaves CoreDNS without a node it tolerates.
+    keeps = release("cilium", "cilium", {"operator": {"nodeSelector": {"trainyard.io/role": "system"},
+                                                       "removeNodeTaints": False}}, eks, atomic=False,
+                    skip_await=True)
+    kept = node_group("system", eks, keeps, taints=list(tainted.inputs["taints"]))
+    coredns_after = rec("aws:eks/addon:Addon", "coredns", {"addonName": "coredns"}, (kept,))
+    assert ("addon-needs-nodes", "coredns") in rules_of(eks, keeps, kept, coredns_after)
+
+
 def test_pod_identity_behind_a_default_deny_needs_the_host_entity() -> None:
     eks, cni, system = base()
     association = rec("aws:eks/podIdentityAssociation:PodIdentityAssociation", "trainer",

@@ -44,6 +44,11 @@ GPU_TAINT = Taint.model_validate({"key": names.GPU_TAINT_KEY, "value": "true", "
 # Held from boot until the GPU health check passes (platform/gpu_health.py); NoSchedule, so nothing running is evicted.
 GPU_HEALTH_TAINT = Taint.model_validate({"key": names.GPU_HEALTH_TAINT_KEY, "value": "pending",
                                          "effect": "NoSchedule"})
+# On the managed groups' nodes from registration until Cilium's operator sees a healthy agent there and removes it
+# (Cilium's EKS requirements, docs.cilium.io installation/requirements-eks.rst: managedNodeGroups tainted
+# node.cilium.io/agent-not-ready=true:NoExecute); Karpenter's pools carry it as a startup taint.
+CILIUM_AGENT_NOT_READY = Taint.model_validate({"key": names.CILIUM_AGENT_NOT_READY_TAINT_KEY, "value": "true",
+                                               "effect": "NoExecute"})
 
 
 def _sharing(pool: NodePool) -> str | None:
@@ -197,7 +202,9 @@ def _join_nodes(settings: Settings, context: ClusterContext, network: Network, e
 
     With no CNI a node stays NotReady ("cni plugin not initialized") and a managed node group ends CREATE_FAILED
     (terraform-aws-modules/terraform-aws-eks issues 3106, 3160, 3446: install the CNI between control plane and
-    nodes; Cilium's EKS guide installs Cilium before the nodes join).
+    nodes). Cilium's EKS requirements ask for the groups to be tainted node.cilium.io/agent-not-ready=true:NoExecute
+    so that pods start only once Cilium manages the node (docs.cilium.io, installation/requirements-eks.rst); its
+    operator removes the taint from a node whose agent is healthy (cilium 1.20.0 values.yaml, removeNodeTaints).
     """
     tags = base_tags(settings)
     zones = tuple(settings.aws.availability_zones) if settings.aws is not None else ()
@@ -219,7 +226,7 @@ def _join_nodes(settings: Settings, context: ClusterContext, network: Network, e
             instance_types=tuple(pool.instance_types), capacity_type=pool.capacity_types[0],
             min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
             root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
-            labels=pool_labels(pool), taints=pool_taints(pool), tags=tags),
+            labels=pool_labels(pool), taints=(*pool_taints(pool), CILIUM_AGENT_NOT_READY), tags=tags),
             opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[*node_role.attachments,
                                                                                          *after])))
     return dataclasses.replace(context, ready=(*context.ready, *(g.node_group for g in groups.values())))

@@ -45,6 +45,7 @@ NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
 
+CILIUM_AGENT_NOT_READY = "node.cilium.io/agent-not-ready"
 EBS_PROVISIONER = "ebs.csi.aws.com"
 CEPH_CSI_SUFFIX = ".csi.ceph.com"  # Rook's provisioners: <operator namespace>.rbd.csi.ceph.com / .cephfs.csi...
 # Volcano 1.15.1 chart's default scheduler config (installer/helm/chart/volcano/config/volcano-scheduler.conf).
@@ -105,7 +106,8 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
     karpenter = charts.get("karpenter")
     gate = bool(karpenter and lookup(_release_values(karpenter), "settings.featureGates.nodeOverlay", False))
     overlays = [r for r in records if r.type == NODE_OVERLAY]
-    pools = [_managed_pool(r) for r in records if r.type == NODE_GROUP]
+    removed = _cni_removed_taints(charts)
+    pools = [_managed_pool(r, removed) for r in records if r.type == NODE_GROUP]
     if karpenter is not None and cni is not None:
         classes = {str(r.inputs["metadata"]["name"]) for r in records if r.type == NODE_CLASS}
         pools += [_karpenter_pool(r, overlays if gate else []) for r in records
@@ -126,8 +128,8 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
 
 @functools.cache
 def cni_charts() -> frozenset[str]:
-    """Charts that give pods a network: the add-ons platform/addons.yaml marks `cni` (Cilium's EKS guide installs
-    it before any node joins, docs.cilium.io k8s-install-helm "EKS"); vpc-cni is the EKS add-on alternative."""
+    """Charts that give pods a network: the add-ons platform/addons.yaml marks `cni`; vpc-cni is the EKS add-on
+    alternative."""
     pins = load_catalogue(REPO_ROOT).pins
     return frozenset(chart_name(pins[release].chart) for addon in load_registry(REPO_ROOT).addons if addon.cni
                      for release in addon.charts)
@@ -162,7 +164,17 @@ def _offer(instance_type: str) -> InstanceOffer | None:
     return InstanceOffer(instance_type, resources)
 
 
-def _managed_pool(record: ResourceRecord) -> Pool:
+def _cni_removed_taints(charts: Mapping[str, ResourceRecord]) -> frozenset[str]:
+    """Taint keys the CNI removes from a node once its agent runs there: Cilium's operator removes its
+    agentNotReadyTaintKey from nodes with a healthy agent (cilium 1.20.0 values.yaml: operator.removeNodeTaints true,
+    agentNotReadyTaintKey node.cilium.io/agent-not-ready)."""
+    cilium = charts.get("cilium")
+    if cilium is None or lookup(_release_values(cilium), "operator.removeNodeTaints", True) is False:
+        return frozenset()
+    return frozenset({str(lookup(_release_values(cilium), "agentNotReadyTaintKey", CILIUM_AGENT_NOT_READY))})
+
+
+def _managed_pool(record: ResourceRecord, removed: frozenset[str] = frozenset()) -> Pool:
     inputs = record.inputs
     types = [str(t) for t in inputs.get("instanceTypes") or ()]
     arch = "arm64" if "ARM" in str(inputs.get("amiType", "")) else "amd64"
@@ -173,7 +185,8 @@ def _managed_pool(record: ResourceRecord) -> Pool:
                "node.kubernetes.io/instance-type": set(types)}
     offers = tuple(o for o in map(_offer, types) if o is not None)
     return Pool(name=str(inputs.get("nodeGroupName", record.name)), labels=frozen_labels(labels),
-                taints=tuple(Taint.of(t) for t in inputs.get("taints") or ()), offers=offers,
+                taints=tuple(Taint.of(t) for t in inputs.get("taints") or () if t.get("key") not in removed),
+                offers=offers,
                 nodes=int(lookup(inputs, "scalingConfig.desiredSize", 0) or 0))
 
 

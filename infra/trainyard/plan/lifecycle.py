@@ -12,7 +12,7 @@ from typing import Any
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.cluster_model import can_launch, can_run_now
-from trainyard.plan.cluster_state import NODE_POOL
+from trainyard.plan.cluster_state import CILIUM_AGENT_NOT_READY, NODE_POOL
 from trainyard.plan.pods import lookup, pod_needs
 from trainyard.plan.readiness import Moment, Rule, ready_pools
 from trainyard.plan.recording import ResourceRecord
@@ -27,7 +27,7 @@ STEADY_RESOURCES = frozenset({"nodes", "cpu", "memory", "pods", "ephemeral-stora
 WHOLE_GPU = "nvidia.com/gpu"
 # Removed by the Cilium operator once the agent runs (operator.removeNodeTaints); a node whose agent never runs
 # stays NotReady, which Karpenter's node repair acts on (its Ready policy), so it is no stranding gate here.
-CILIUM_STARTUP_TAINT = "node.cilium.io/agent-not-ready"
+CILIUM_STARTUP_TAINT = CILIUM_AGENT_NOT_READY
 
 
 def _partitioned(record: ResourceRecord) -> bool:

@@ -100,7 +100,7 @@ def _placement_problem(pod: PodNeeds, pools: tuple[Pool, ...], *, launch: bool) 
 
 # A node joins Ready only once a CNI is installed; a managed node group whose nodes stay NotReady ends
 # CREATE_FAILED "Unhealthy nodes in the kubernetes cluster" (terraform-aws-modules/terraform-aws-eks issues 3160,
-# 3446, 3525; Cilium's EKS install guide installs Cilium before nodes join).
+# 3446, 3525: install the CNI between the control plane and the nodes).
 def node_group_needs_cni(record: ResourceRecord, moment: Moment) -> str | None:
     if moment.before.cni is None:
         return ("no CNI is installed before this node group: its nodes stay NotReady (\"cni plugin not "
@@ -482,7 +482,7 @@ def trainer_config_valid(record: ResourceRecord, moment: Moment) -> str | None:
 
 RULES: tuple[Rule, ...] = (
     Rule("node-needs-cni", _is(NODE_GROUP), node_group_needs_cni,
-         "terraform-aws-modules/terraform-aws-eks issues 3160, 3446, 3525; Cilium EKS install guide"),
+         "terraform-aws-modules/terraform-aws-eks issues 3160, 3446, 3525"),
     Rule("addon-needs-nodes", _is(EKS_ADDON), addon_needs_nodes,
          "terraform-provider-aws eks addon waitAddonCreated (ACTIVE); EKS add-on health DEGRADED"),
     Rule("crd-installed", is_custom_resource, crd_installed,
