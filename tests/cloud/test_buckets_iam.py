@@ -163,3 +163,70 @@ def test_pod_identity_trust_names_cluster_namespace_and_account(stack: str) -> N
             admitted.add((tags["aws:RequestTag/kubernetes-namespace"],
                           tags["aws:RequestTag/kubernetes-service-account"]))
         assert admitted == by_parent[role.parent or ""]
+
+
+# ---------------------------------------------------------------------- Cilium's ENI rights, per cluster (item 8)
+
+
+def _allowed(policy: dict[str, Any], action: str, resource_type: str, tags: dict[str, str],
+             request_tags: dict[str, str] | None = None, create_action: str | None = None) -> bool:
+    """A small IAM evaluator for these documents: Allow statements, `*`-suffixed ARNs, StringEquals on resource
+    tags, request tags and ec2:CreateAction (what the Cilium operator's statements use)."""
+    context = {**{f"aws:ResourceTag/{k}": v for k, v in tags.items()},
+               **{f"aws:RequestTag/{k}": v for k, v in (request_tags or {}).items()}}
+    if create_action:
+        context["ec2:CreateAction"] = create_action
+    for statement in policy["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        if action not in actions or not any(r == "*" or f":{resource_type}/" in r for r in resources):
+            continue
+        wanted = (statement.get("Condition") or {}).get("StringEquals", {})
+        if all(context.get(key) == value for key, value in wanted.items() if key != "aws:RequestedRegion"):
+            return True
+    return False
+
+
+def _cilium_policy(stack: str) -> dict[str, Any]:
+    role = one(plan(stack), "aws:iam/rolePolicy:RolePolicy", "cilium-operator-policy")
+    policy: dict[str, Any] = json.loads(role.inputs["policy"])
+    return policy
+
+
+MUTATIONS = ("ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface", "ec2:DeleteNetworkInterface",
+             "ec2:ModifyNetworkInterfaceAttribute", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses")
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_the_cilium_operator_changes_only_its_own_clusters_enis(stack: str) -> None:
+    # Stacks share an account and region (cloud/naming.py): dev's operator must not touch prod's ENIs.
+    policy = _cilium_policy(stack)
+    own, other = {f"kubernetes.io/cluster/trainyard-{stack}": "owned"}, {"kubernetes.io/cluster/trainyard-x": "owned"}
+    for action in MUTATIONS:
+        assert _allowed(policy, action, "network-interface", own), action
+        assert not _allowed(policy, action, "network-interface", other), action
+        assert not _allowed(policy, action, "network-interface", {}), action
+    for action in ("ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"):
+        assert _allowed(policy, action, "instance", own) and not _allowed(policy, action, "instance", other)
+    # It creates ENIs only tagged as its cluster's, and tags only while creating.
+    assert _allowed(policy, "ec2:CreateNetworkInterface", "network-interface", {}, request_tags=own)
+    assert not _allowed(policy, "ec2:CreateNetworkInterface", "network-interface", {}, request_tags=other)
+    assert _allowed(policy, "ec2:CreateTags", "network-interface", {}, create_action="CreateNetworkInterface")
+    assert not _allowed(policy, "ec2:CreateTags", "network-interface", other)
+    # Cilium's "Required Privileges" (eni.rst) include the managed prefix-list reads.
+    describe = next(s for s in policy["Statement"] if s.get("Sid") == "DescribeForEniIpam")
+    assert {"ec2:DescribeManagedPrefixLists", "ec2:GetManagedPrefixListEntries"} <= set(describe["Action"])
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_eni_the_operator_manages_carries_its_clusters_tag(stack: str) -> None:
+    """Managed nodes' primary ENIs and instances (launch templates), the ENIs Cilium creates (eniTags); Karpenter
+    tags its launches kubernetes.io/cluster/<name>=owned itself (aws/karpenter-provider-aws v1.14.1
+    pkg/utils/utils.go GetTags)."""
+    tag = (f"kubernetes.io/cluster/trainyard-{stack}", "owned")
+    for template in of_type(plan(stack), "aws:ec2/launchTemplate:LaunchTemplate"):
+        specs = {s["resourceType"]: s["tags"] for s in template.inputs["tagSpecifications"]}
+        assert tag in specs["network-interface"].items() and tag in specs["instance"].items(), template.name
+    cilium = next(r for r in render(read_stack(stack)).resources if r.type == "kubernetes:helm.sh/v3:Release"
+                  and str(r.inputs["chart"]).endswith("cilium"))
+    assert cilium.inputs["values"]["eni"]["eniTags"] == dict([tag])

@@ -26,6 +26,7 @@ from trainyard.cloud.iam import (
     WebIdentityRoleArgs,
     alluxio_policy,
     cilium_operator_policy,
+    cluster_owned_tag,
     trainer_policy,
 )
 from trainyard.cloud.karpenter import KarpenterInfra, KarpenterInfraArgs
@@ -123,7 +124,8 @@ def build_aws(settings: Settings) -> ControlPlane:
 
     datasets, checkpoints = buckets.datasets, buckets.checkpoints
     identities = [
-        identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,), cilium_operator_policy(region)),
+        identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,),
+                 cilium_operator_policy(region, name)),
         identity("ebs-csi", "ebs-csi", (names.EBS_CSI,), managed=(EBS_CSI_MANAGED_POLICY,)),
         identity("trainer", "trainer",
                  tuple(names.ServiceAccountRef(t.namespace_name, names.TRAINER_SERVICE_ACCOUNT)
@@ -226,7 +228,8 @@ def _join_nodes(settings: Settings, context: ClusterContext, network: Network, e
             instance_types=tuple(pool.instance_types), capacity_type=pool.capacity_types[0],
             min_size=pool.min_size, desired_size=pool.desired_size, max_size=pool.max_size,
             root_volume_gib=pool.root_volume_gib, release_version=release.node_group_release,
-            labels=pool_labels(pool), taints=(*pool_taints(pool), CILIUM_AGENT_NOT_READY), tags=tags),
+            labels=pool_labels(pool), taints=(*pool_taints(pool), CILIUM_AGENT_NOT_READY), tags=tags,
+            node_tags=dict([cluster_owned_tag(cluster_name(settings))])),
             opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[*node_role.attachments,
                                                                                          *after])))
     return dataclasses.replace(context, ready=(*context.ready, *(g.node_group for g in groups.values())))

@@ -159,25 +159,51 @@ def trainer_policy(checkpoint_bucket_arn: pulumi.Input[str], checkpoint_key_arn:
                     *bucket_read(dataset_bucket_arn, dataset_key_arn))
 
 
-# Cilium ENI IPAM: the operator creates and attaches ENIs and assigns their secondary IPs to pods.
+# Cilium ENI IPAM: the operator creates and attaches ENIs and assigns their secondary IPs and prefixes to pods. The
+# list is Cilium's "Required Privileges" (Documentation/network/concepts/ipam/eni.rst), the prefix-list reads
+# included (they resolve AWS prefix lists in policies: cilium/cilium issue 45805, PR 45806).
 CILIUM_ENI_DESCRIBE = (
     "ec2:DescribeInstances", "ec2:DescribeInstanceTypes", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
     "ec2:DescribeVpcs", "ec2:DescribeSecurityGroups", "ec2:DescribeRouteTables", "ec2:DescribeTags",
+    "ec2:DescribeManagedPrefixLists", "ec2:GetManagedPrefixListEntries",
 )
 CILIUM_ENI_MUTATE = (
-    "ec2:CreateNetworkInterface", "ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface",
-    "ec2:DeleteNetworkInterface", "ec2:ModifyNetworkInterfaceAttribute", "ec2:AssignPrivateIpAddresses",
-    "ec2:UnassignPrivateIpAddresses",
+    "ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface", "ec2:DeleteNetworkInterface",
+    "ec2:ModifyNetworkInterfaceAttribute", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses",
 )
+# The instance side of an attachment (EC2's AttachNetworkInterface and DetachNetworkInterface authorize both).
+CILIUM_INSTANCE_ACTIONS = ("ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface")
 
 
-def cilium_operator_policy(region: str) -> Policy:
-    in_region = {"StringEquals": {"aws:RequestedRegion": region}}
+def cluster_owned_tag(cluster_name: str) -> tuple[str, str]:
+    """`kubernetes.io/cluster/<name>=owned`: Karpenter puts it on the instances and ENIs it launches
+    (aws/karpenter-provider-aws v1.14.1 pkg/utils/utils.go GetTags, launch template network-interface tags); the
+    managed groups' launch templates and Cilium's ENI tags (platform/cilium.py) carry it too."""
+    return f"kubernetes.io/cluster/{cluster_name}", "owned"
+
+
+def cilium_operator_policy(region: str, cluster_name: str) -> Policy:
+    """ENI IPAM on this cluster's instances and ENIs only: several stacks share an account and region
+    (cloud/naming.py), and no cluster's operator may detach, delete or re-address another's. The scoping follows AWS's
+    own tag-scoped CNI policy (AmazonEKSNetworkingPolicy: CreateNetworkInterface by request tag, security groups and
+    subnets unconditioned)."""
+    key, value = cluster_owned_tag(cluster_name)
+    ec2 = f"arn:aws:ec2:{region}:*"
+    eni = f"{ec2}:network-interface/*"
+    owned = {"StringEquals": {f"aws:ResourceTag/{key}": value}}
     return document(
         # Describe calls support no resource-level permissions.
         allow(CILIUM_ENI_DESCRIBE, "*", sid="DescribeForEniIpam"),
-        allow(CILIUM_ENI_MUTATE, "*", in_region, sid="ManageEnisInRegion"),
-        allow(["ec2:CreateTags"], f"arn:aws:ec2:{region}:*:network-interface/*", sid="TagEnis"),
+        allow(["ec2:CreateNetworkInterface"], eni, {"StringEquals": {f"aws:RequestTag/{key}": value}},
+              sid="CreateEnisOfThisCluster"),
+        allow(["ec2:CreateNetworkInterface"], [f"{ec2}:subnet/*", f"{ec2}:security-group/*"],
+              sid="CreateEnisInSubnets"),
+        # Tags only as part of creating an ENI (Cilium passes its eniTags in CreateNetworkInterface's
+        # TagSpecifications), so no existing ENI can be re-tagged into this cluster.
+        allow(["ec2:CreateTags"], eni, {"StringEquals": {"ec2:CreateAction": "CreateNetworkInterface"}},
+              sid="TagEnisAtCreation"),
+        allow(CILIUM_ENI_MUTATE, eni, owned, sid="ManageEnisOfThisCluster"),
+        allow(CILIUM_INSTANCE_ACTIONS, f"{ec2}:instance/*", owned, sid="AttachToInstancesOfThisCluster"),
     )
 
 

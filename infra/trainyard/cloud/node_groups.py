@@ -44,6 +44,8 @@ class ManagedNodeGroupArgs:
     labels: dict[str, str]
     taints: tuple[Taint, ...] = ()
     tags: dict[str, str] = field(default_factory=dict)
+    # Tags of the group's instances and ENIs only, besides `tags` (the cluster-owned tag Cilium's IAM is scoped by).
+    node_tags: dict[str, str] = field(default_factory=dict)
 
 
 class ManagedNodeGroup(pulumi.ComponentResource):
@@ -56,7 +58,7 @@ class ManagedNodeGroup(pulumi.ComponentResource):
         super().__init__("trainyard:cloud:ManagedNodeGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         user_data = base64.b64encode(render_user_data(args.role).encode()).decode()
-        instance_tags = {**args.tags, "Name": args.group_name}
+        instance_tags = {**args.tags, **args.node_tags, "Name": args.group_name}
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt", name=args.group_name, update_default_version=True, user_data=user_data,
             # With custom groups EKS does not add the cluster security group itself.

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.cloud.context import ClusterContext
+from trainyard.cloud.iam import cluster_owned_tag
+from trainyard.cloud.naming import cluster_name
 from trainyard.config.model import CiliumSettings
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
@@ -26,6 +29,8 @@ class CiliumArgs:
     # Pod IPs are VPC addresses (ENI IPAM): traffic to them is routed natively, never masqueraded.
     native_routing_cidr: str
     hubble_ui: bool = False
+    # Tags of the ENIs the operator creates: the cluster-owned tag its IAM is scoped by (cloud/iam.py).
+    eni_tags: Mapping[str, str] = field(default_factory=dict)
 
 
 def cilium_values(args: CiliumArgs) -> dict[str, Any]:
@@ -35,6 +40,9 @@ def cilium_values(args: CiliumArgs) -> dict[str, Any]:
         # Hubble UI is a ClusterIP service reached with `kubectl port-forward`: never a LoadBalancer.
         "hubble": {"ui": {"enabled": args.hubble_ui}},
     }
+    if args.eni_tags:
+        # Set on CreateNetworkInterface (chart 1.20.0 values.yaml eni.eniTags -> the operator's TagSpecifications).
+        values["eni"] = {"eniTags": dict(args.eni_tags)}
     if args.cluster.api_server_host is not None:
         # Without kube-proxy the agent cannot use the kubernetes Service VIP to find the API server.
         values["k8sServiceHostRef"] = {"name": API_SERVER_CONFIG_MAP, "key": API_SERVER_HOST_KEY}
@@ -63,7 +71,8 @@ class Cilium(pulumi.ComponentResource):
 def build(ctx: AddonContext) -> Cilium:
     return Cilium(ctx.addon.resource_name, CiliumArgs(
         chart=ctx.chart("cilium"), cluster=ctx.cluster, native_routing_cidr=ctx.stack.network.vpc_cidr,
-        hubble_ui=ctx.settings(CiliumSettings).hubble_ui))
+        hubble_ui=ctx.settings(CiliumSettings).hubble_ui,
+        eni_tags=dict([cluster_owned_tag(cluster_name(ctx.stack))]) if ctx.stack.is_aws else {}))
 
 
 COMPONENT = AddonCode(build=build)
