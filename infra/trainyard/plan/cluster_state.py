@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from trainyard import names
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.paths import REPO_ROOT
@@ -45,7 +46,7 @@ NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
 
-CILIUM_AGENT_NOT_READY = "node.cilium.io/agent-not-ready"
+CILIUM_AGENT_NOT_READY = names.CILIUM_AGENT_NOT_READY_TAINT_KEY
 EBS_PROVISIONER = "ebs.csi.aws.com"
 CEPH_CSI_SUFFIX = ".csi.ceph.com"  # Rook's provisioners: <operator namespace>.rbd.csi.ceph.com / .cephfs.csi...
 # Volcano 1.15.1 chart's default scheduler config (installer/helm/chart/volcano/config/volcano-scheduler.conf).
