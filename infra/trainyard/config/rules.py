@@ -216,7 +216,7 @@ def _deploy(s: Settings) -> Iterator[Problem]:
 # runners"); static IP addresses are a larger-runner feature, chosen by a label or group of the organisation's
 # own (docs.github.com, "About larger runners"); only a self-hosted runner (its default label `self-hosted`,
 # docs.github.com "Using self-hosted runners in a workflow") can sit in, or be routed to, the VPC.
-_STANDARD_HOSTED = re.compile(r"^(ubuntu|windows|macos)-(latest|slim|[0-9]+(\.[0-9]+)?)(-(arm|intel))?$")
+_STANDARD_HOSTED = re.compile(r"(ubuntu|windows|macos)-(latest|slim|[0-9]+(\.[0-9]+)?)(-(arm|intel))?")
 RunnerKind = Literal["self-hosted", "standard", "larger"]
 ANY_ADDRESS = ipaddress.IPv4Network("0.0.0.0/0")
 
@@ -224,7 +224,7 @@ ANY_ADDRESS = ipaddress.IPv4Network("0.0.0.0/0")
 def runner_kind(runner: RunnerSettings) -> RunnerKind:
     if "self-hosted" in runner.labels:
         return "self-hosted"
-    if any(_STANDARD_HOSTED.match(label) for label in runner.labels):
+    if any(_STANDARD_HOSTED.fullmatch(label) for label in runner.labels):
         return "standard"
     return "larger"
 
