@@ -445,3 +445,12 @@ def test_a_hostile_value_anywhere_is_a_config_problem_not_a_crash(stack: str) ->
             except Exception as error:  # noqa: BLE001 - the point: nothing but ConfigError may escape
                 crashes.append(f"{path} = {value!r}: {error!r}")
     assert crashes == []
+
+
+@pytest.mark.parametrize(("stack", "kind"), [("prod", "mig"), ("prod", "elastic"), ("prod", "smoke"), ("local", None)])
+def test_a_shm_the_pods_memory_cannot_hold_is_named(stack: str, kind: str | None) -> None:
+    def change(raw: Raw) -> str:
+        i = _index(raw, "workloads", lambda j: kind is None or j["kind"] == kind)
+        raw["workloads"][i]["shmSize"] = "4Ti"  # more than any node here has
+        return f"workloads[{i}].shmSize"
+    refused(stack, change, "leaves no memory in the pod's")

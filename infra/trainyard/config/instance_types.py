@@ -157,6 +157,28 @@ def fabric_threshold(instance_types: Sequence[str], efa_interfaces: int) -> floa
     )
 
 
+# Left to the kubelet, the system reservation and the DaemonSets every GPU node runs (Cilium, DCGM exporter,
+# device plugins, Alluxio FUSE, Ceph CSI): a tenth of the node, at least 2 cores and 8 GiB.
+HEADROOM_FRACTION = 0.1
+MIN_HEADROOM_MILLICPU = 2000
+MIN_HEADROOM_BYTES = 8 * 1024**3
+# A CPU-only pod (the local stack) has no node share to derive from; the tiny config trains in this.
+CPU_ONLY_MILLICPU = 2000
+CPU_ONLY_MEMORY_BYTES = 4 * 1024**3
+
+
+def pod_share(instance: InstanceType, fraction: float) -> tuple[int, int]:
+    """(millicpu, memory bytes) of a pod that takes `fraction` of the node, after the headroom: the training pod's
+    requests and limits (workloads/sizing.py), and what config rules check a job's /dev/shm against."""
+    millicpu = instance.vcpu * 1000
+    memory = instance.memory_gib * 1024**3
+    usable_cpu = millicpu - max(MIN_HEADROOM_MILLICPU, int(millicpu * HEADROOM_FRACTION))
+    usable_memory = memory - max(MIN_HEADROOM_BYTES, int(memory * HEADROOM_FRACTION))
+    # Whole cores keep the pod eligible for exclusive CPUs; whole MiB keep the quantity readable.
+    cpu = max(1000, int(usable_cpu * fraction) // 1000 * 1000)
+    return cpu, int(usable_memory * fraction) // 1024**2 * 1024**2
+
+
 def smallest(instance_types: Sequence[str]) -> InstanceType:
     """The type with the fewest vCPUs (then memory): a pod sized for it fits on every type Karpenter may pick."""
     known = [INSTANCE_TYPES[name] for name in instance_types if name in INSTANCE_TYPES]

@@ -13,7 +13,8 @@ from typing import Literal
 
 from trainyard import names
 from trainyard.config import exposure, name_rules
-from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType
+from trainyard.config.instance_types import CPU_ONLY_MEMORY_BYTES, INSTANCE_TYPES, InstanceType, pod_share
+from trainyard.config.instance_types import smallest as smallest_type
 from trainyard.config.mig import MigCatalog
 from trainyard.config.model import Job, NodePool, RunnerSettings, Settings, TenantResources
 from trainyard.config.quantity import parse_quantity
@@ -651,12 +652,21 @@ def _workloads(s: Settings, mig: MigCatalog, trainer_configs: Path) -> Iterator[
                 yield Problem(f"{at}.nodePool", "must be unset for target 'local'")
             if job.gpus_per_node or job.mig_profile:
                 yield Problem(f"{at}.gpusPerNode", "the local stack is CPU only: must be 0 with no migProfile")
+            yield from _shm_fits(f"{at}.shmSize", job, CPU_ONLY_MEMORY_BYTES)
             continue
         if job.node_pool not in pools:
             yield Problem(f"{at}.nodePool", f"unknown pool {job.node_pool!r}; GPU pools: "
                                             f"{_allowed(p.name for p in s.pools('gpu')) or 'none'}")
             continue
         yield from _job_on_pool(at, job, pools[job.node_pool], mig)
+
+
+def _shm_fits(at: str, job: Job, memory_bytes: int) -> Iterator[Problem]:
+    """/dev/shm is a memory-backed emptyDir, counted against the container's memory limit (Kubernetes docs,
+    "emptyDir" with medium Memory): at the pod's whole limit nothing is left for the trainer itself."""
+    if parse_quantity(job.shm_size) >= memory_bytes:
+        yield Problem(at, f"{job.shm_size} leaves no memory in the pod's {memory_bytes // 2**20}Mi limit (its share "
+                          "of the node, workloads/sizing.py): make it smaller")
 
 
 def _network_topology(at: str, job: Job) -> Iterator[Problem]:
@@ -754,12 +764,19 @@ def _job_on_pool(at: str, job: Job, pool: NodePool, mig: MigCatalog) -> Iterator
         if job.mig_profile not in profiles:
             yield Problem(f"{at}.migProfile", f"{job.mig_profile!r} is not a slice of pool {pool.name!r} "
                                               f"(layout {pool.mig_layout}); slices: {_allowed(profiles) or 'none'}")
+        elif types:
+            node = smallest_type(pool.instance_types)
+            yield from _shm_fits(f"{at}.shmSize", job,
+                                 pod_share(node, 1 / (node.gpu_count * sum(profiles.values())))[1])
         return
     if job.mig_profile is not None:
         yield Problem(f"{at}.migProfile", f"only 'mig' jobs take a migProfile, this is a {job.kind!r} job")
     if not 1 <= job.gpus_per_node <= gpu_count:
         yield Problem(f"{at}.gpusPerNode", f"must be between 1 and {gpu_count} (GPUs per node in pool "
                                            f"{pool.name!r})")
+    elif types:
+        node = smallest_type(pool.instance_types)
+        yield from _shm_fits(f"{at}.shmSize", job, pod_share(node, job.gpus_per_node / node.gpu_count)[1])
     if partitioned:
         yield Problem(f"{at}.nodePool", f"pool {pool.name!r} partitions its GPUs with MIG layout "
                                         f"{pool.mig_layout!r}; whole-GPU jobs need a pool without MIG")

@@ -9,21 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainyard.cloud.context import PoolFacts
-from trainyard.config.instance_types import INSTANCE_TYPES, InstanceType, smallest
+from trainyard.config.instance_types import (
+    CPU_ONLY_MEMORY_BYTES,
+    CPU_ONLY_MILLICPU,
+    INSTANCE_TYPES,
+    InstanceType,
+    pod_share,
+    smallest,
+)
 from trainyard.config.mig import WHOLE_GPU_RESOURCE, load_mig_catalog, mig_resource_name
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GIB = 1024**3
 MIB = 1024**2
 
-# Left to the kubelet, the system reservation and the DaemonSets every GPU node runs (Cilium, DCGM exporter,
-# device plugins, Alluxio FUSE, Ceph CSI): a tenth of the node, at least 2 cores and 8 GiB.
-HEADROOM_FRACTION = 0.1
-MIN_HEADROOM_MILLICPU = 2000
-MIN_HEADROOM_BYTES = 8 * GIB
-# A CPU-only pod (the local stack) has no node share to derive from; the tiny config trains in this.
-CPU_ONLY_MILLICPU = 2000
-CPU_ONLY_MEMORY_BYTES = 4 * GIB
+# A CPU-only pod (the local stack) has no node share to derive from (its CPU and memory: config/instance_types.py).
 CPU_ONLY_PROCESSES = 2
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +49,10 @@ def smallest_instance(pool: PoolFacts) -> InstanceType:
     return smallest(pool.instance_types)
 
 
-def _share(instance: InstanceType, fraction: float) -> tuple[int, int]:
-    millicpu = instance.vcpu * 1000
-    memory = instance.memory_gib * GIB
-    usable_cpu = millicpu - max(MIN_HEADROOM_MILLICPU, int(millicpu * HEADROOM_FRACTION))
-    usable_memory = memory - max(MIN_HEADROOM_BYTES, int(memory * HEADROOM_FRACTION))
-    # Whole cores keep the pod eligible for exclusive CPUs; whole MiB keep the quantity readable.
-    cpu = max(1000, int(usable_cpu * fraction) // 1000 * 1000)
-    return cpu, int(usable_memory * fraction) // MIB * MIB
-
-
 def whole_gpus(pool: PoolFacts, gpus: int, *, efa: bool) -> PodResources:
     """gpus whole GPUs and the same fraction of the node's CPU and memory; with efa, the node's EFA devices."""
     instance = smallest_instance(pool)
-    cpu, memory = _share(instance, gpus / instance.gpu_count)
+    cpu, memory = pod_share(instance, gpus / instance.gpu_count)
     accelerators = {WHOLE_GPU_RESOURCE: gpus}
     if efa and pool.efa_interfaces:
         # Only traffic between nodes uses EFA; the pod of a multi-node job takes all of the node's interfaces.
@@ -79,7 +69,7 @@ def mig_slice(pool: PoolFacts, profile: str) -> PodResources:
     if profile not in per_gpu:
         raise ValueError(f"MIG layout {pool.mig_layout!r} of pool {pool.name!r} has no {profile} slice")
     slices_per_node = instance.gpu_count * sum(per_gpu.values())
-    cpu, memory = _share(instance, 1 / slices_per_node)
+    cpu, memory = pod_share(instance, 1 / slices_per_node)
     return PodResources(accelerators={mig_resource_name(profile): 1}, millicpu=cpu, memory_bytes=memory,
                         processes=1)
 
