@@ -51,6 +51,7 @@ class Moment:
     after: ClusterState  # what exists once the run is over
     records: Mapping[str, ResourceRecord]  # every record by URN, for rules that read a sibling object
     rendered: RenderedStack  # the objects every Helm release installs
+    waited: frozenset[str] = frozenset()  # URNs of everything the engine finished before this resource
 
     def release(self, record: ResourceRecord) -> RenderedRelease:
         """What a Release record renders (every Release of the run is rendered)."""
@@ -261,7 +262,7 @@ def claim_binds(record: ResourceRecord, moment: Moment) -> str | None:
 # ------------------------------------------------------------------------------------------------ workloads
 
 
-def _task_pods(record: ResourceRecord) -> list[tuple[PodNeeds, int]]:
+def task_pods(record: ResourceRecord) -> list[tuple[PodNeeds, int]]:
     tasks = lookup(record.inputs, "spec.tasks", ()) or ()
     return [(pod_needs(f"{record.name}/{t.get('name', 'task')}", lookup(t, "template.spec", {}) or {}),
              int(t.get("replicas", 1))) for t in tasks]
@@ -269,7 +270,7 @@ def _task_pods(record: ResourceRecord) -> list[tuple[PodNeeds, int]]:
 
 def gang_needs(record: ResourceRecord) -> dict[str, float]:
     """What a Volcano job's gang (its first minAvailable pods) requests in all."""
-    pods = [pod for pod, replicas in _task_pods(record) for _ in range(replicas)]
+    pods = [pod for pod, replicas in task_pods(record) for _ in range(replicas)]
     wanted: dict[str, float] = {}
     for pod in pods[: int(lookup(record.inputs, "spec.minAvailable", len(pods)) or len(pods))]:
         for resource, amount in pod.requests.items():
@@ -283,7 +284,7 @@ def gang_needs(record: ResourceRecord) -> dict[str, float]:
 # with the NodeOverlay feature gate on (karpenter.sh/docs/concepts/scheduling; aws/karpenter-provider-aws PR 8710).
 def karpenter_can_launch(record: ResourceRecord, moment: Moment) -> str | None:
     pools = ready_pools(moment.after)
-    for pod, _replicas in _task_pods(record):
+    for pod, _replicas in task_pods(record):
         if can_run_now(pod, pools) or can_launch(pod, pools):
             continue
         problem = _placement_problem(pod, pools, launch=True)
@@ -335,11 +336,11 @@ def whole_gpus_on_mig(record: ResourceRecord, moment: Moment) -> str | None:
 # Karpenter launches no node past a NodePool's spec.limits (karpenter.sh/docs/concepts/nodepools, "Limits"): a
 # gang needing more of a limited resource than its pools may hold never gets all its nodes.
 def _within_pool_limits(record: ResourceRecord, pools: tuple[Pool, ...]) -> str | None:
-    task_pods = [pod for pod, _ in _task_pods(record)]
-    if any(can_run_now(pod, pools) for pod in task_pods):
+    pods = [pod for pod, _ in task_pods(record)]
+    if any(can_run_now(pod, pools) for pod in pods):
         return None
     candidates = {p.name: p for p in pools
-                  if p.autoscaled and any(admits(pod, p) and fits_some_offer(pod, p) for pod in task_pods)}
+                  if p.autoscaled and any(admits(pod, p) and fits_some_offer(pod, p) for pod in pods)}
     for resource, amount in sorted(gang_needs(record).items()):
         limits = [pool.limits.get(resource) for pool in candidates.values()]
         if not limits or any(limit is None for limit in limits):

@@ -5,16 +5,16 @@ Pulumi engine starts a resource once everything it waits on is done (`engine_ord
 SDK also fills from the outputs it consumes, its parent and its provider), so the cluster a resource meets is made of
 exactly those resources, transitively. Anything else may or may not be there yet, and a rule never counts on it.
 What a Helm release puts into the cluster is read from its rendered objects (`rendering`), never from a model
-of the chart. For each resource the rules in `readiness.RULES` and `lifecycle.RULES` check it against that cluster
-(and, for what controllers do later, against the cluster at the end of the run). The first problem in creation
-order is what `pulumi up` would hit first.
+of the chart. For each resource the rules of `readiness`, `lifecycle` and `rendered_rules` (what the
+charts render) check it against that cluster (and, for what controllers do later, against the cluster at
+the end of the run). The first problem in creation order is what `pulumi up` would hit first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import lifecycle, readiness
+from trainyard.plan import lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import Moment
@@ -22,7 +22,7 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
 # Convergence of `pulumi up` (readiness) and the bounds on what it leaves running (lifecycle).
-RULES = (*readiness.RULES, *lifecycle.RULES)
+RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def rehearse(recording: Recording, rendered: RenderedStack) -> Rehearsal:
         if not rules:
             continue
         moment = Moment(before=cluster_state(by_urn[u] for u in sorted(closure[record.urn])), after=end,
-                        records=by_urn, rendered=rendered)
+                        records=by_urn, rendered=rendered, waited=frozenset(closure[record.urn]))
         for rule in rules:
             checks += 1
             if problem := rule.check(record, moment):

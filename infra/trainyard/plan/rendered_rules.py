@@ -1,0 +1,189 @@
+"""Readiness rules that read what the charts really render (issue 17 §2): each a small function, its upstream
+source in the comment above it, applied by the rehearsal beside `readiness.RULES`.
+
+A rule on a Release looks at that release's rendered objects (`moment.release(record)`); a rule on a NodePool or
+node group asks whether some rendered pod does what the pool needs. Pods that controllers create from custom
+resources at run time appear in no render, so where a rule needs one it reads that resource's placement fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from trainyard.plan.cluster_model import PodNeeds, Pool, Taint, Toleration, admits, label_mismatch, untolerated
+from trainyard.plan.cluster_state import NODE_POOL, RELEASE, cni_charts
+from trainyard.plan.node_image import missing_path
+from trainyard.plan.pods import lookup, workloads
+from trainyard.plan.readiness import VOLCANO_JOB, Moment, Rule, task_pods
+from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rendering import chart_name
+
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+ROLE = "trainyard.io/role"  # the label every node group and pool of this project carries (cloud/node_groups.py)
+STORAGE_ROLE = "storage"
+ACCELERATORS = ("nvidia.com/", "vpc.amazonaws.com/efa")
+
+
+def _is(*types: str) -> Callable[[ResourceRecord], bool]:
+    return lambda record: record.type in types
+
+
+def _pools(moment: Moment) -> tuple[Pool, ...]:
+    return moment.after.pools
+
+
+# -------------------------------------------------------------------------------------------- host paths
+
+
+# The kubelet mounts a hostPath of type File/Directory (Socket, CharDevice, BlockDevice) only when the path is
+# already there on the node, else the pod stays ContainerCreating (kubernetes.io/docs/concepts/storage/volumes,
+# "hostPath volume types"); every EKS node here is Amazon Linux 2023, whose paths node_image lists.
+def host_paths_exist(record: ResourceRecord, moment: Moment) -> str | None:
+    if not any(r.type == EKS_CLUSTER for r in moment.records.values()):
+        return None  # an existing cluster (kind): its node image is not ours to know
+    for pod in workloads(moment.release(record).objects):
+        for volume, path, host_type in pod.host_paths():
+            if problem := missing_path(path, host_type):
+                return f"{pod.label} mounts hostPath volume {volume}: {problem}, so its pods never start"
+    return None
+
+
+# ---------------------------------------------------------------------------- controllers on special nodes
+
+
+def special_pools(pools: tuple[Pool, ...]) -> list[Pool]:
+    """Pools a controller must stay off: GPU pools and the storage group."""
+    return [p for p in pools if p.has_accelerators or STORAGE_ROLE in p.labels.get(ROLE, frozenset())]
+
+
+# A pod that is not a DaemonSet's and lands on a GPU or storage node keeps Karpenter from consolidating that node
+# (kubernetes-sigs/karpenter v1.14.1 pkg/utils/pod IsReschedulable: such pods must be rescheduled first) and
+# takes capacity meant for training or Ceph. Controllers with 0 replicas count too: something scales them later
+# (Fluid's runtime controllers, pkg/controllers/deploy/runtime_controllers.go @ v1.0.8).
+def controllers_off_special_nodes(record: ResourceRecord, moment: Moment) -> str | None:
+    special = special_pools(_pools(moment))
+    for pod in workloads(moment.release(record).objects):
+        if pod.daemon or pod.kind == "CronJob":
+            continue
+        needs = pod.needs()
+        if any(r.startswith(ACCELERATORS) for r in needs.requests):
+            continue  # a GPU workload belongs there
+        if landing := [p.name for p in special if admits(needs, p)]:
+            return (f"{pod.label} is not a DaemonSet and can land on {', '.join(landing)} (it tolerates their "
+                    "taints): a controller there keeps Karpenter from consolidating the node")
+    return None
+
+
+# ------------------------------------------------------------------------------------------- node start-up
+
+
+def pool_of(record: ResourceRecord, moment: Moment) -> Pool | None:
+    name = str(lookup(record.inputs, "metadata.name") or record.inputs.get("nodeGroupName"))
+    return next((p for p in _pools(moment) if p.name == name), None)
+
+
+def cni_removed_taints(moment: Moment) -> frozenset[str]:
+    """Startup taint keys the CNI's own agent removes once it runs on the node: Cilium's agent-not-ready taint
+    (cilium-config `agent-not-ready-taint-key` with `remove-cilium-node-taints`, docs.cilium.io
+    "Taint effects"); every other startup taint must be tolerated by whatever has to run before it goes."""
+    keys = set()
+    for release in moment.rendered.releases.values():
+        if release.chart not in cni_charts():
+            continue
+        for config in release.of_kind("ConfigMap"):
+            data = config.get("data") or {}
+            if data.get("remove-cilium-node-taints", "true") == "true" and data.get("agent-not-ready-taint-key"):
+                keys.add(str(data["agent-not-ready-taint-key"]))
+    return frozenset(keys)
+
+
+def startup_taints(record: ResourceRecord, moment: Moment) -> tuple[Taint, ...]:
+    """The NodePool's startup taints still on a new node once the CNI runs there."""
+    removed = cni_removed_taints(moment)
+    return tuple(t for t in map(Taint.of, lookup(record.inputs, "spec.template.spec.startupTaints", ()) or ())
+                 if t.key not in removed)
+
+
+def _lands(pod: PodNeeds, pool: Pool, also: tuple[Taint, ...] = ()) -> bool:
+    """The pod lands on a new node of the pool, which still carries its startup taints (`also`)."""
+    with_startup = Pool(pool.name, pool.labels, (*pool.taints, *also), pool.offers, pool.nodes)
+    return label_mismatch(pod, with_startup) is None and not untolerated(pod, with_startup)
+
+
+# Karpenter marks a node initialized only when every extended resource the pods it was launched for asked for is
+# registered on it (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/nodeclaim/lifecycle/initialization.go
+# RequestedResourcesRegistered); a device plugin registers it, so one must land on the pool.
+def nodes_initialize(record: ResourceRecord, moment: Moment) -> str | None:
+    pool = pool_of(record, moment)
+    if pool is None:
+        return None
+    startup = startup_taints(record, moment)
+    requested = sorted({r for job in moment.records.values() if job.type == VOLCANO_JOB
+                        for pod, _ in task_pods(job) if admits(pod, pool) for r in pod.extended_resources})
+    for resource in requested:
+        if not any(_plugin_lands(resource, pool, startup, moment)):
+            return (f"its nodes offer {resource} but no device plugin for it lands on them, so Karpenter never "
+                    f"marks a {pool.name} node initialized")
+    return None
+
+
+def _plugin_lands(resource: str, pool: Pool, startup: tuple[Taint, ...], moment: Moment) -> Iterator[bool]:
+    if resource == "vpc.amazonaws.com/efa":
+        for release in moment.rendered.releases.values():
+            if release.chart == "aws-efa-k8s-device-plugin":
+                yield any(p.daemon and _lands(p.needs(), pool, startup) for p in workloads(release.objects))
+    elif resource.startswith("nvidia.com/"):
+        # The GPU Operator makes its device plugin from the ClusterPolicy, on GPU nodes, with the policy's
+        # spec.daemonsets.tolerations (gpu-operator v26.7.0 templates/clusterpolicy.yaml, values daemonsets).
+        for release in moment.rendered.releases.values():
+            for policy in release.of_kind("ClusterPolicy"):
+                spec = policy.get("spec") or {}
+                if lookup(spec, "devicePlugin.enabled", True) is False:
+                    continue
+                tolerations = tuple(Toleration.of(t) for t in lookup(spec, "daemonsets.tolerations", ()) or ())
+                yield _lands(PodNeeds("nvidia-device-plugin", tolerations=tolerations), pool, startup)
+
+
+# --------------------------------------------------------------------------------------------------- CNI
+
+
+# A node joins Ready only once the CNI runs on it, and in Cilium's ENI mode only once cilium-operator has
+# allocated its ENI addresses (docs.cilium.io network/concepts/ipam/eni, "Architecture"): the operator must land
+# on the first node groups (which are NotReady until then) and have its AWS credentials (its Pod Identity
+# association) before it starts.
+def cni_runs_where_nodes_join(record: ResourceRecord, moment: Moment) -> str | None:
+    if chart_name(str(record.inputs.get("chart", ""))) not in cni_charts():
+        return None
+    groups = [p for p in _pools(moment) if not p.autoscaled and p.nodes]
+    not_ready = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
+    release = moment.release(record)
+    for pod in workloads(release.objects):
+        if pod.daemon or pod.hooks or pod.replicas == 0 or not pod.spec.get("hostNetwork"):
+            continue  # the CNI's control plane is what runs before pod networking: on the host network
+        if groups and not any(_lands(pod.needs(), g, (not_ready,)) for g in groups):
+            names = ", ".join(g.name for g in groups)
+            return f"{pod.label} can run on none of the node groups that join first ({names}): no node turns Ready"
+        account = pod.spec.get("serviceAccountName")
+        eni = lookup(record.inputs.get("values") or {}, "ipam.mode") == "eni"
+        if eni and account and not _identity_before(moment, release.namespace, str(account)):
+            return (f"{pod.label} runs as {release.namespace}/{account}, which has no Pod Identity association "
+                    "created before this release: in ENI mode it cannot allocate addresses, so no node turns Ready")
+    return None
+
+
+def _identity_before(moment: Moment, namespace: str, account: str) -> bool:
+    return any(r.type == POD_IDENTITY and r.inputs.get("namespace") == namespace and
+               r.inputs.get("serviceAccount") == account for r in map(moment.records.get, moment.waited) if r)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("host-paths-exist", _is(RELEASE), host_paths_exist,
+         "kubernetes.io hostPath volume types; awslabs/amazon-eks-ami nodeadm (AL2023 node paths)"),
+    Rule("controllers-off-special-nodes", _is(RELEASE), controllers_off_special_nodes,
+         "kubernetes-sigs/karpenter v1.14.1 IsReschedulable (consolidation)"),
+    Rule("cni-runs-where-nodes-join", _is(RELEASE), cni_runs_where_nodes_join,
+         "docs.cilium.io ENI IPAM architecture (operator allocates before a node is Ready)"),
+    Rule("nodes-initialize", _is(NODE_POOL), nodes_initialize,
+         "kubernetes-sigs/karpenter v1.14.1 RequestedResourcesRegistered"),
+)

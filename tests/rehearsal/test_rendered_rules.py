@@ -1,0 +1,117 @@
+"""Issue 17 §2: each rule that reads the rendered objects, shown naming its defect when the defect is put back on a
+copy of a stack (the stack is picked by what it has, never by name)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from rehearsal_records import rehearsed
+from trainyard.plan.node_image import missing_path
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.rehearse import Finding
+from trainyard.plan.rendering import RELEASE, chart_name
+from trainyard.plan.runtime import available_stacks, read_stack, render
+
+Match = Callable[[ResourceRecord], bool]
+
+
+@functools.cache
+def recorded(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+def stack_with(match: Match) -> str:
+    """The first stack holding a matching record."""
+    for stack in available_stacks():
+        if any(match(r) for r in recorded(stack).resources):
+            return stack
+    raise AssertionError("no stack has it")
+
+
+def release_of(chart: str) -> Match:
+    return lambda r: r.type == RELEASE and chart_name(str(r.inputs.get("chart"))) == chart
+
+
+def edit(stack: str, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
+    resources, matched = [], 0
+    for record in recorded(stack).resources:
+        if match(record):
+            matched += 1
+            inputs = copy.deepcopy(record.inputs)
+            change(inputs)
+            record = replace(record, inputs=inputs)
+        resources.append(record)
+    assert matched, "the edit matched nothing"
+    return Recording(resources=resources)
+
+
+def drop(stack: str, match: Match) -> Recording:
+    kept = [r for r in recorded(stack).resources if not match(r)]
+    assert len(kept) < len(recorded(stack).resources), "nothing dropped"
+    return Recording(resources=kept)
+
+
+def found(recording: Recording, rule: str) -> list[Finding]:
+    return [f for f in rehearsed(recording).findings if f.rule == rule]
+
+
+def test_node_paths_follow_nodeadm_not_kubeadm() -> None:
+    assert missing_path("/etc/kubernetes/kubelet.conf", "File") == (
+        "/etc/kubernetes/kubelet.conf (File) does not exist on Amazon Linux 2023 EKS nodes")
+    assert missing_path("/var/lib/kubelet/kubeconfig", "File") is None
+    assert missing_path("/var/lib/kubelet", "File") is not None  # a Directory there
+    assert missing_path("/anything", "DirectoryOrCreate") is None and missing_path("/anything", "") is None
+
+
+def test_host_paths_the_node_image_lacks_are_named() -> None:
+    """Fluid's chart default (csi.useNodeAuthorization) mounts kubeadm's kubelet.conf, which AL2023 lacks."""
+    def node_authorization(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("csi", {})["useNodeAuthorization"] = True
+
+    old = edit(stack_with(release_of("fluid")), release_of("fluid"), node_authorization)
+    (finding,) = found(old, "host-paths-exist")
+    assert "DaemonSet/csi-nodeplugin-fluid" in finding.problem
+    assert "/etc/kubernetes/kubelet.conf (File) does not exist" in finding.problem
+
+
+def test_a_controller_that_tolerates_every_taint_is_named() -> None:
+    """Fluid's chart default: its controllers tolerate everything, so they can land on a GPU or storage node."""
+    def tolerate_all(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("dataset", {})["tolerations"] = [{"operator": "Exists"}]
+
+    old = edit(stack_with(release_of("fluid")), release_of("fluid"), tolerate_all)
+    (finding,) = found(old, "controllers-off-special-nodes")
+    assert finding.problem.startswith("Deployment/dataset-controller is not a DaemonSet and can land on ")
+
+
+def test_a_cni_operator_that_fits_no_joining_node_group_is_named() -> None:
+    def nowhere(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("operator", {})["nodeSelector"] = {"trainyard.io/role": "nowhere"}
+
+    stack = stack_with(release_of("cilium"))
+    (finding,) = found(edit(stack, release_of("cilium"), nowhere), "cni-runs-where-nodes-join")
+    assert "Deployment/cilium-operator can run on none of the node groups that join first" in finding.problem
+
+
+def test_a_cni_operator_without_its_pod_identity_is_named() -> None:
+    def is_operator_identity(r: ResourceRecord) -> bool:
+        return r.type.endswith("PodIdentityAssociation") and r.inputs.get("serviceAccount") == "cilium-operator"
+
+    (finding,) = found(drop(stack_with(is_operator_identity), is_operator_identity), "cni-runs-where-nodes-join")
+    assert "runs as kube-system/cilium-operator, which has no Pod Identity association" in finding.problem
+
+
+def test_a_gpu_pool_whose_device_plugin_cannot_land_is_named() -> None:
+    """The GPU Operator's operands run with the ClusterPolicy's tolerations; without the GPU taint's, nothing
+    registers nvidia.com/gpu and Karpenter never initializes the node."""
+    def no_tolerations(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("daemonsets", {})["tolerations"] = []
+
+    stack = stack_with(release_of("gpu-operator"))
+    findings = found(edit(stack, release_of("gpu-operator"), no_tolerations), "nodes-initialize")
+    assert findings and all("no device plugin for it lands on them" in f.problem for f in findings)
+    assert any("nvidia.com/gpu" in f.problem for f in findings)
