@@ -115,3 +115,14 @@ def test_a_gpu_pool_whose_device_plugin_cannot_land_is_named() -> None:
     findings = found(edit(stack, release_of("gpu-operator"), no_tolerations), "nodes-initialize")
     assert findings and all("no device plugin for it lands on them" in f.problem for f in findings)
     assert any("nvidia.com/gpu" in f.problem for f in findings)
+
+
+def test_a_custom_resource_without_a_running_controller_is_named() -> None:
+    """Fluid's Datasets wait on its dataset controller; with none running nothing ever makes their volumes."""
+    def no_controller(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("dataset", {})["replicas"] = 0
+
+    old = edit(stack_with(release_of("fluid")), release_of("fluid"), no_controller)
+    findings = [f for f in found(old, "resource-reconciled") if f.type.endswith(":Dataset")]
+    assert findings and all("Deployment/dataset-controller of release fluid has no replicas" in f.problem
+                            for f in findings)

@@ -5,6 +5,8 @@ Two checks, both pure functions returning a list of `Problem`s (empty = conforma
 * `check_manifest`: built-in kinds against Kubernetes' own OpenAPI-derived schemas (kubernetes-validate,
   strict: unknown fields fail); custom resources against the CRD JSON schemas in
   `<upstream>/crds/<group>/<kind>_<version>.json`. An object with no schema is a problem, never a pass.
+* `check_rendered`: every object the Helm releases render, built-ins as above and custom resources against the
+  schema of the CRD the stack's own charts install (what the API server validates them with).
 * `check_helm_values`: every key path we set must exist in the chart's upstream `values.yaml` (subcharts
   addressed by their dependency key), except inside free-form maps (see `_is_free_form`); values are also
   validated against `values.schema.json` where the chart (or subchart) ships one, after Helm-style merging
@@ -22,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import kubernetes_validate
@@ -31,6 +33,9 @@ from kubernetes_validate.utils import SchemaNotFoundError, all_versions
 from packaging.version import Version
 
 from trainyard.catalogue.charts import deep_merge
+
+if TYPE_CHECKING:
+    from trainyard.plan.rendering import RenderedStack
 
 # Problem kinds: schema/key violations vs. data we could not check at all.
 INVALID = "invalid"
@@ -112,6 +117,29 @@ def check_manifest(obj: Mapping[str, Any], k8s_version: str, *, upstream: Path |
     if group and crd_group_dir.is_dir():
         return _check_custom_resource(obj, where, crd_group_dir / f"{kind.lower()}_{version}.json")
     return _check_builtin(obj, where, k8s_version)
+
+
+def check_rendered(rendered: RenderedStack, k8s_version: str, *, upstream: Path | None = None) -> list[Problem]:
+    """Every rendered object: a custom resource whose CRD a release of the stack renders is validated against that
+    CRD's served schema (the API server's validation of a structural schema; unknown fields it prunes), every
+    other object as `check_manifest` does."""
+    schemas: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for _, crd in rendered.objects():
+        if crd.get("kind") == "CustomResourceDefinition":
+            spec = crd.get("spec") or {}
+            kind = str((spec.get("names") or {}).get("kind"))
+            for served in spec.get("versions") or ():
+                schema = (served.get("schema") or {}).get("openAPIV3Schema")
+                if schema is not None:
+                    schemas[(f"{spec.get('group')}/{served.get('name')}", kind)] = schema
+    problems = []
+    for release, obj in rendered.objects():
+        schema = schemas.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
+        found = ([Problem(_object_name(obj), _dotted(e.absolute_path), e.message, INVALID)
+                  for e in _validator_for(schema).iter_errors(obj)] if schema is not None
+                 else check_manifest(obj, k8s_version, upstream=upstream))
+        problems += [Problem(f"rendered/{release.name}/{p.where}", p.path, p.message, p.kind) for p in found]
+    return problems
 
 
 def _object_name(obj: Mapping[str, Any]) -> str:

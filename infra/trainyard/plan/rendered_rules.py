@@ -10,11 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from trainyard.plan.cluster_model import PodNeeds, Pool, Taint, Toleration, admits, label_mismatch, untolerated
+from trainyard.plan.cluster_model import (
+    PodNeeds,
+    Pool,
+    Taint,
+    Toleration,
+    admits,
+    can_launch,
+    can_run_now,
+    label_mismatch,
+    untolerated,
+)
 from trainyard.plan.cluster_state import NODE_POOL, RELEASE, cni_charts
 from trainyard.plan.node_image import missing_path
 from trainyard.plan.pods import lookup, workloads
-from trainyard.plan.readiness import VOLCANO_JOB, Moment, Rule, task_pods
+from trainyard.plan.readiness import (
+    VOLCANO_JOB,
+    Moment,
+    Rule,
+    crd_charts,
+    is_custom_resource,
+    ready_pools,
+    task_pods,
+)
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import chart_name
 
@@ -177,6 +195,39 @@ def _identity_before(moment: Moment, namespace: str, account: str) -> bool:
                r.inputs.get("serviceAccount") == account for r in map(moment.records.get, moment.waited) if r)
 
 
+# ------------------------------------------------------------------------------------- custom resources
+
+
+# A custom resource does nothing until a controller reconciles it: the chart that brings its CRD must run one,
+# with replicas and a node to run on. Where a chart names a controller after the kind (Fluid: dataset-controller,
+# <runtime>runtime-controller) that one is the controller. Fluid's dataset controller scales a runtime controller
+# from 0 when a runtime of its kind appears (fluid-cloudnative/fluid v1.0.8 pkg/controllers/deploy
+# runtime_controllers.go, ScaleoutRuntimeControllerOnDemand), so 0 replicas there is a start, not a stop.
+ON_DEMAND = {"fluid": "dataset-controller"}  # chart -> the controller that scales the others out
+
+
+def resource_reconciled(record: ResourceRecord, moment: Moment) -> str | None:
+    group, kind = record.type.split(":")[1].rsplit("/", 1)[0], record.type.split(":")[2]
+    chart = crd_charts().get(group)
+    release = next((r for r in moment.rendered.releases.values() if r.chart == chart), None)
+    if release is None:
+        return None  # crd-installed names a missing chart
+    controllers = [w for w in workloads(release.objects) if w.kind in ("Deployment", "StatefulSet") and not w.hooks]
+    named = [w for w in controllers if kind.lower() in w.name.replace("-", "")]
+    candidates = named or controllers
+    pools = ready_pools(moment.after)
+    for controller in candidates:
+        scaler = ON_DEMAND.get(release.chart)
+        scaled = controller.replicas == 0 and scaler is not None and any(
+            w.name == scaler and w.replicas > 0 for w in controllers)
+        pod = controller.needs()
+        if (controller.replicas > 0 or scaled) and (can_run_now(pod, pools) or can_launch(pod, pools)):
+            return None
+    names = ", ".join(w.label for w in candidates) or "no Deployment or StatefulSet"
+    return (f"no controller reconciles it: {names} of release {release.name} has no replicas or no node to run "
+            "on, so the object is never acted on")
+
+
 RULES: tuple[Rule, ...] = (
     Rule("host-paths-exist", _is(RELEASE), host_paths_exist,
          "kubernetes.io hostPath volume types; awslabs/amazon-eks-ami nodeadm (AL2023 node paths)"),
@@ -186,4 +237,6 @@ RULES: tuple[Rule, ...] = (
          "docs.cilium.io ENI IPAM architecture (operator allocates before a node is Ready)"),
     Rule("nodes-initialize", _is(NODE_POOL), nodes_initialize,
          "kubernetes-sigs/karpenter v1.14.1 RequestedResourcesRegistered"),
+    Rule("resource-reconciled", is_custom_resource, resource_reconciled,
+         "fluid-cloudnative/fluid v1.0.8 ScaleoutRuntimeControllerOnDemand; a CR needs a running controller"),
 )
