@@ -130,15 +130,25 @@ def test_a_waiting_cni_release_before_the_nodes_hangs() -> None:
 
 def test_a_release_whose_pods_fit_no_pool_hangs() -> None:
     eks, cni, system = base()
-    tainted = node_group("storage", eks, cni, taints=[STORAGE_TAINT])
-    selector = {"nodeSelector": {"trainyard.io/role": "storage"}}
+    infra_taint = {"key": "trainyard.io/role", "value": "infra", "effect": "NO_SCHEDULE"}
+    tainted = node_group("infra", eks, cni, taints=[infra_taint])
+    selector = {"nodeSelector": {"trainyard.io/role": "infra"}}
     stuck = release("adapter", "prometheus-adapter", selector, tainted)
     problem = findings(eks, cni, system, tainted, stuck)
     assert [(f.rule, f.name) for f in problem] == [("release-needs-nodes", "adapter")]
-    assert "taint trainyard.io/role=storage:NoSchedule not tolerated" in problem[0].problem
+    assert "taint trainyard.io/role=infra:NoSchedule not tolerated" in problem[0].problem
     tolerated = release("adapter", "prometheus-adapter", selector | {"tolerations": [
         {"key": "trainyard.io/role", "operator": "Exists"}]}, tainted)
     assert findings(eks, cni, system, tainted, tolerated) == []
+
+
+def test_a_controller_placed_on_the_storage_group_is_named() -> None:
+    eks, cni, system = base()
+    storage_group = node_group("storage", eks, cni, taints=[STORAGE_TAINT])
+    values = {"nodeSelector": {"trainyard.io/role": "storage"},
+              "tolerations": [{"key": "trainyard.io/role", "operator": "Exists"}]}
+    placed = release("adapter", "prometheus-adapter", values, storage_group)
+    assert rules_of(eks, cni, system, storage_group, placed) == [("controllers-off-special-nodes", "adapter")]
 
 
 def test_anti_affinity_replicas_need_distinct_nodes() -> None:
