@@ -21,7 +21,8 @@ from trainyard.plan.readiness import Moment
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
-# Convergence of `pulumi up` (readiness) and the bounds on what it leaves running (lifecycle).
+# Convergence of `pulumi up` (readiness, and rendered_rules on what the charts render) and the bounds on what it
+# leaves running (lifecycle).
 RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES)
 
 
