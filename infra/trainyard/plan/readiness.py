@@ -307,7 +307,7 @@ GPU_OPERATOR_CHART = "gpu-operator"
 def gpu_device_plugin(record: ResourceRecord, moment: Moment) -> str | None:
     if GPU_OPERATOR_CHART in moment.after.charts:
         return None
-    for pod, _replicas in _task_pods(record):
+    for pod, _replicas in task_pods(record):
         if nvidia := [r for r in pod.extended_resources if r.startswith("nvidia.com/")]:
             return (f"{pod.name} would hang Pending: it requests {', '.join(nvidia)}, which only the device plugin "
                     f"of the GPU Operator advertises, and no {GPU_OPERATOR_CHART} release is installed")
@@ -322,7 +322,7 @@ WHOLE_GPU = "nvidia.com/gpu"
 
 def whole_gpus_on_mig(record: ResourceRecord, moment: Moment) -> str | None:
     pools = ready_pools(moment.after)
-    for pod, _replicas in _task_pods(record):
+    for pod, _replicas in task_pods(record):
         if WHOLE_GPU not in pod.requests:
             continue
         landing = [p for p in pools if label_mismatch(pod, p) is None and not untolerated(pod, p)]
