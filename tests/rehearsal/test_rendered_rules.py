@@ -105,6 +105,35 @@ def test_a_cni_operator_without_its_pod_identity_is_named() -> None:
     assert "runs as kube-system/cilium-operator, which has no Pod Identity association" in finding.problem
 
 
+def _expected_tsv(r: ResourceRecord) -> bool:
+    return r.type == "kubernetes:core/v1:ConfigMap" and "expected.tsv" in (r.inputs.get("data") or {})
+
+
+def test_dcgm_diag_on_a_mig_pool_is_named() -> None:
+    """The admission check's dcgmi diag on MIG-partitioned GPUs never passes (NVIDIA/DCGM IsMigModeDiagCompatible)."""
+    def diag_everywhere(inputs: dict[str, Any]) -> None:
+        lines = inputs["data"]["expected.tsv"].splitlines()
+        header = lines[0].lstrip("# ").split()
+        rows = [dict(zip(header, line.split(), strict=False)) for line in lines[1:] if line.strip()]
+        columns = [c for c in header if c != "check"]
+        inputs["data"]["expected.tsv"] = "\n".join(
+            ["# " + " ".join(columns), *(" ".join(row[c] for c in columns) for row in rows)]) + "\n"
+
+    stack = next(s for s in available_stacks() if any(
+        _expected_tsv(r) and any(line.split()[5] != "-" for line in r.inputs["data"]["expected.tsv"].splitlines()
+                                 if line.strip() and not line.startswith("#")) for r in recorded(s).resources))
+    findings = found(edit(stack, _expected_tsv, diag_everywhere), "startup-taints-removable")
+    assert findings and all("runs dcgmi diag on" in f.problem and "MIG-partitioned" in f.problem for f in findings)
+
+
+def test_a_startup_taint_nothing_lands_to_remove_is_named() -> None:
+    def is_check(r: ResourceRecord) -> bool:
+        return r.type == "kubernetes:apps/v1:DaemonSet" and r.name.startswith("gpu-health")
+
+    findings = found(drop(stack_with(is_check), is_check), "startup-taints-removable")
+    assert findings and all("removes its startup taint trainyard.io/gpu-health" in f.problem for f in findings)
+
+
 def test_a_gpu_pool_whose_device_plugin_cannot_land_is_named() -> None:
     """The GPU Operator's operands run with the ClusterPolicy's tolerations; without the GPU taint's, nothing
     registers nvidia.com/gpu and Karpenter never initializes the node."""

@@ -8,7 +8,10 @@ resources at run time appear in no render, so where a rule needs one it reads th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from trainyard.plan.cluster_model import (
     PodNeeds,
@@ -23,7 +26,7 @@ from trainyard.plan.cluster_model import (
 )
 from trainyard.plan.cluster_state import NODE_POOL, RELEASE, cni_charts
 from trainyard.plan.node_image import missing_path
-from trainyard.plan.pods import lookup, workloads
+from trainyard.plan.pods import Workload, lookup, workload, workloads
 from trainyard.plan.readiness import (
     VOLCANO_JOB,
     Moment,
@@ -96,6 +99,47 @@ def controllers_off_special_nodes(record: ResourceRecord, moment: Moment) -> str
 # ------------------------------------------------------------------------------------------- node start-up
 
 
+def _objects(moment: Moment) -> Iterator[Mapping[str, Any]]:
+    """Every Kubernetes object of the run: rendered by a chart or created by the program."""
+    for _, obj in moment.rendered.objects():
+        yield obj
+    for record in moment.records.values():
+        if record.type.startswith("kubernetes:") and "kind" in record.inputs:
+            yield record.inputs
+
+
+_TAINT_REMOVAL = re.compile(r"kubectl\s+taint\b[^\n]*-[\"']?\s*($|\|\||&&|;|\))", re.MULTILINE)
+
+
+def taint_removers(moment: Moment, key: str) -> Iterator[Workload]:
+    """DaemonSets that remove the taint `key`: their service account may patch Nodes (a taint is part of the
+    Node's spec; kubernetes.io/docs/reference/access-authn-authz/rbac), and their command, or a script they mount
+    from a ConfigMap, names the key and runs a `kubectl taint ... <key>-` removal."""
+    objects = list(_objects(moment))
+    scripts = {(str(lookup(o, "metadata.namespace") or ""), str(lookup(o, "metadata.name"))):
+               "\n".join(map(str, (o.get("data") or {}).values())) for o in objects if o.get("kind") == "ConfigMap"}
+    for pod, namespace in _node_patchers(objects):
+        containers = [*(pod.spec.get("initContainers") or ()), *(pod.spec.get("containers") or ())]
+        text = "\n".join([json.dumps([(c.get("command"), c.get("args"), c.get("env")) for c in containers]), *(
+            scripts.get((namespace, str(lookup(v, "configMap.name"))), "") for v in pod.spec.get("volumes") or ())])
+        if key in text and _TAINT_REMOVAL.search(text):
+            yield pod
+
+
+def _node_patchers(objects: list[Mapping[str, Any]]) -> Iterator[tuple[Workload, str]]:
+    patching = {str(lookup(o, "metadata.name")) for o in objects if o.get("kind") == "ClusterRole" and any(
+        {"nodes", "*"} & set(rule.get("resources") or ()) and {"patch", "update", "*"} & set(rule.get("verbs") or ())
+        for rule in o.get("rules") or ())}
+    accounts = {(str(s.get("namespace")), str(s.get("name"))) for o in objects
+                if o.get("kind") == "ClusterRoleBinding" and lookup(o, "roleRef.name") in patching
+                for s in o.get("subjects") or () if s.get("kind") == "ServiceAccount"}
+    for obj in objects:
+        pod = workload(obj)
+        namespace = str(lookup(obj, "metadata.namespace") or "")
+        if pod is not None and pod.daemon and (namespace, str(pod.spec.get("serviceAccountName"))) in accounts:
+            yield pod, namespace
+
+
 def pool_of(record: ResourceRecord, moment: Moment) -> Pool | None:
     name = str(lookup(record.inputs, "metadata.name") or record.inputs.get("nodeGroupName"))
     return next((p for p in _pools(moment) if p.name == name), None)
@@ -127,6 +171,58 @@ def _lands(pod: PodNeeds, pool: Pool, also: tuple[Taint, ...] = ()) -> bool:
     """The pod lands on a new node of the pool, which still carries its startup taints (`also`)."""
     with_startup = Pool(pool.name, pool.labels, (*pool.taints, *also), pool.offers, pool.nodes)
     return label_mismatch(pod, with_startup) is None and not untolerated(pod, with_startup)
+
+
+# A NodePool's startupTaints stay until something removes them, and Karpenter counts such a node as capacity to
+# come (kubernetes-sigs/karpenter v1.14.1 statenode.go Taints()): every startup taint needs a DaemonSet that
+# lands on the new node (tolerating all its taints) and may patch the Node to remove it, or the pool's pods never
+# schedule; the CNI's own taint goes once the CNI runs (cni_removed_taints).
+def startup_taints_removable(record: ResourceRecord, moment: Moment) -> str | None:
+    pool = pool_of(record, moment)
+    every = tuple(Taint.of(t) for t in lookup(record.inputs, "spec.template.spec.startupTaints", ()) or ())
+    startup = startup_taints(record, moment)
+    if pool is None or not every:
+        return None
+    removed = cni_removed_taints(moment)
+    for taint in every:
+        if taint.key in removed:
+            continue
+        runners = [d.needs() for d in taint_removers(moment, taint.key)]
+        if not any(_lands(d, pool, startup) and any(t.tolerates(taint) for t in d.tolerations) for d in runners):
+            return (f"no DaemonSet that removes its startup taint {taint} lands on a new {pool.name} node: the "
+                    "taint stays, and nothing is ever scheduled there")
+        if problem := _gpu_health_unreachable(pool, taint, moment):
+            return problem
+    return None
+
+
+GPU_HEALTH_TAINT = "trainyard.io/gpu-health"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+EXPECTED = "expected.tsv"  # the GPU admission check's table: one row per pool (platform/gpu_health.py)
+
+
+# The GPU admission check removes trainyard.io/gpu-health only when its DCGM check passes; `dcgmi diag` refuses
+# MIG-partitioned GPUs (NVIDIA/DCGM v4.6.0 nvvs/src/Gpu.cpp IsMigModeDiagCompatible), so on a pool with a MIG
+# layout it can never pass (expected.tsv names each pool's layout and check; without a check column: diag).
+def _gpu_health_unreachable(pool: Pool, taint: Taint, moment: Moment) -> str | None:
+    if taint.key != GPU_HEALTH_TAINT:
+        return None
+    for row in _expected_rows(moment):
+        if row.get("pool") == pool.name and row.get("mig-layout", "-") != "-" and \
+                row.get("check", "dcgm-diag") == "dcgm-diag":
+            return (f"the GPU admission check runs dcgmi diag on {pool.name}, whose GPUs are MIG-partitioned "
+                    f"(layout {row['mig-layout']}): DCGM refuses the diagnostic there, so {taint} never goes")
+    return None
+
+
+def _expected_rows(moment: Moment) -> Iterator[Mapping[str, str]]:
+    for record in moment.records.values():
+        text = (record.inputs.get("data") or {}).get(EXPECTED) if record.type == CONFIG_MAP else None
+        if not isinstance(text, str):
+            continue
+        lines = [line for line in text.splitlines() if line.strip()]
+        header = next((line.lstrip("# ").split() for line in lines if line.startswith("# pool")), [])
+        yield from (dict(zip(header, line.split(), strict=False)) for line in lines if not line.startswith("#"))
 
 
 # Karpenter marks a node initialized only when every extended resource the pods it was launched for asked for is
@@ -235,6 +331,8 @@ RULES: tuple[Rule, ...] = (
          "kubernetes-sigs/karpenter v1.14.1 IsReschedulable (consolidation)"),
     Rule("cni-runs-where-nodes-join", _is(RELEASE), cni_runs_where_nodes_join,
          "docs.cilium.io ENI IPAM architecture (operator allocates before a node is Ready)"),
+    Rule("startup-taints-removable", _is(NODE_POOL), startup_taints_removable,
+         "kubernetes-sigs/karpenter v1.14.1 statenode Taints(); NVIDIA/DCGM v4.6.0 IsMigModeDiagCompatible"),
     Rule("nodes-initialize", _is(NODE_POOL), nodes_initialize,
          "kubernetes-sigs/karpenter v1.14.1 RequestedResourcesRegistered"),
     Rule("resource-reconciled", is_custom_resource, resource_reconciled,
