@@ -35,7 +35,9 @@ NOT_IMPORTABLE = {"trainyard_policy.pack"}
 # they are only ever used with search/finditer, which the source walk below confirms.
 SCANNERS = {"trainyard.config.release_check._FROM", "trainyard_tool_refresh_releases._AMI_RELEASE",
             "trainyard_tool_refresh_releases._K8S_BLOCK", "trainyard_tool_refresh_releases._RELEASE_VERSION",
-            "trainyard_tool_upstream._MIG"}
+            "trainyard_tool_upstream._MIG",
+            # finds a `kubectl taint ... key-` line inside a DaemonSet's command or mounted script
+            "trainyard.plan.rendered_rules._TAINT_REMOVAL"}
 
 
 def _modules() -> Iterator[ModuleType]:
