@@ -57,7 +57,7 @@ def main() -> None:
           f"{'plan all':>9s} {'ms/step':>8s}   (KiB; planned = the planner's states, plan all = its total)")
     with tempfile.TemporaryDirectory() as tmp:
         for i, (nproc, overrides) in enumerate(LAYOUTS):
-            events = run(Path(tmp) / f"run-{i}", [*COMMON, *overrides], nproc=nproc).events()
+            events = run(Path(tmp) / f"run-{i}", [*COMMON, *overrides], nproc=nproc, max_nodes=1).events()
             for line in rows(events, overrides, nproc):
                 print(line, flush=True)
 

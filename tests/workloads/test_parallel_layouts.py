@@ -4,6 +4,8 @@ size, and a checkpoint saved in one layout resumes in others with the reference 
 All runs are the real trainer under torchrun (strict_trainer: the default group refuses CPU tensors, as NCCL's
 does) on the tiny config with 4 layers, 4 steps, global batch 16 and micro-batches of at most 4. Losses are fp32
 sums in a different order per layout; they agreed to within 4.8e-7 (one fp32 ulp at 4.5) when this was written.
+Each run is one node (max_nodes=1): the node agent checks a layout over the whole --nnodes range first, and the
+16-sample batch cannot feed a pipeline, or every rank, at the harness's default of up to nproc nodes.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def three_d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 8-process pp2 x dp_shard2 x tp2 run, kept for its checkpoints."""
     nproc, overrides, _ = LAYOUTS["pp2_fsdp2_tp2"]
     run_dir = tmp_path_factory.mktemp("three_d") / "run"
-    run(run_dir, [*COMMON, *overrides], nproc=nproc)
+    run(run_dir, [*COMMON, *overrides], nproc=nproc, max_nodes=1)
     return run_dir
 
 
@@ -86,7 +88,7 @@ def test_layout_trains_like_one_process(name: str, reference: list[float], three
     if name == "pp2_fsdp2_tp2":
         events = read_progress(three_d / "progress.jsonl")
     else:
-        events = run(tmp_path / "run", [*COMMON, *overrides], nproc=nproc).events()
+        events = run(tmp_path / "run", [*COMMON, *overrides], nproc=nproc, max_nodes=1).events()
     assert events[0]["layout"] == described and events[0]["world_size"] == nproc
     assert losses(events) == pytest.approx(reference, abs=TOLERANCE)
     assert_states_as_planned(events, overrides, nproc)
@@ -99,6 +101,6 @@ def test_checkpoint_resumes_in_another_layout(name: str, reference: list[float],
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(step_dir(three_d / "checkpoints", 2), step_dir(run_dir / "checkpoints", 2))
-    events = run(run_dir, [*COMMON, *overrides], nproc=nproc).events()
+    events = run(run_dir, [*COMMON, *overrides], nproc=nproc, max_nodes=1).events()
     assert events[0]["event"] == "start" and events[0]["step"] == 2, events[0]
     assert losses(events) == pytest.approx(reference[2:], abs=TOLERANCE)

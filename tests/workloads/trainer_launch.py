@@ -91,10 +91,14 @@ def launch(
     overrides: Sequence[str] = (),
     *,
     nproc: int = 2,
+    max_nodes: int | None = None,
     max_restarts: int = 0,
     torchrun: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Launch:
+    """``max_nodes`` (default nproc) bounds the elastic range --nnodes=1:MAX the node agent checks the layout
+    over before torchrun starts (validate.check_torchrun_command); layouts with a fixed model-parallel block and
+    a small batch allow one node."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # The trainer under a default process group that refuses CPU tensors, as NCCL's does (strict_trainer.py).
     trainer = ["-m", "strict_trainer", "--config", str(TINY), f"run_dir={run_dir}", *overrides]
@@ -103,7 +107,7 @@ def launch(
             sys.executable,
             "-m",
             "trainyard_train.agent",  # torchrun's agent behind the exit-code contract, as the jobs launch it
-            f"--nnodes=1:{nproc}",
+            f"--nnodes=1:{max_nodes or nproc}",
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}",
