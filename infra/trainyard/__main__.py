@@ -10,6 +10,7 @@ fails (exit 1) on the first resource that would hang or fail.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
@@ -57,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  "for it)")
     region.add_argument("--stack", required=True)
     args = parser.parse_args(argv)
+    # Config warnings (pulumi.log.warn, which the mock engine hands to logging) read like the errors below.
+    logging.addLevelName(logging.WARNING, "warning")
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
     try:
         if args.command == "diff":
             return _diff(args.base, args.stacks, args.format)

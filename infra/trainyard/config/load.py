@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,6 +30,10 @@ from trainyard.paths import REPO_ROOT, TRAINER_CONFIGS_DIR
 
 # Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
 SECRET_KEYS = ("grafanaAdminPassword",)
+# Config namespaces a stack may set besides the project's: the providers the program uses (requirements.txt) and
+# Pulumi's own (`pulumi:tags`, `pulumi:disable-default-providers`: pulumi.com/docs/iac/concepts/config). A key
+# in any other namespace reaches nothing: Pulumi hands it to the program, which never reads it.
+OTHER_NAMESPACES = ("aws", "kubernetes", "random", "pulumi")
 
 
 @dataclass(frozen=True)
@@ -42,18 +47,26 @@ class ConfigError(pulumi.RunError):
     def __init__(self, project: str, stack: str, problems: list[rules.Problem]) -> None:
         self.problems = problems
         # Escaped: a key or value with a look-alike or zero-width character must not read as the one it imitates.
-        lines = [escaped(f"  - {p.path if p.path == rules.STACK_NAME else f'{project}:{p.path}'}: {p.message}")
-                 for p in problems]
+        lines = [escaped(f"  - {p.key(project)}: {p.message}") for p in problems]
         noun = "problem" if len(problems) == 1 else "problems"
         super().__init__(f"stack {stack!r} has {len(problems)} configuration {noun}; nothing was created:\n"
                          + "\n".join(lines))
 
 
 def load_settings() -> tuple[Settings, Secrets]:
-    """The current stack's Settings and Secrets, or ConfigError listing every problem."""
+    """The current stack's Settings and Secrets, or ConfigError listing every problem.
+
+    What a valid stack asks for that cannot take effect is said as a warning (`pulumi up` shows it with the
+    preview; the offline plan on stderr).
+    """
     project, stack = pulumi.get_project(), pulumi.get_stack()
-    raw = _raw_config(project)
-    settings = parse_settings(project, stack, raw, aws_region=pulumi.Config("aws").get("region"))
+    values = _config_values()
+    prefix = f"{project}:"
+    raw = {k[len(prefix):]: decode_value(v) for k, v in values.items() if k.startswith(prefix)}
+    settings = parse_settings(project, stack, raw, aws_region=pulumi.Config("aws").get("region"),
+                              other_keys=[k for k in values if not k.startswith(prefix)])
+    for notice in rules.notices(settings):
+        pulumi.log.warn(escaped(f"{notice.key(project)}: {notice.message}"))
     config = pulumi.Config(project)
     return settings, Secrets(grafana_admin_password=config.get_secret("grafanaAdminPassword"))
 
@@ -66,19 +79,22 @@ def settings_model() -> type[Settings]:
     return model
 
 
-def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region: str | None = None) -> Settings:
+def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region: str | None = None,
+                   other_keys: Iterable[str] = ()) -> Settings:
     """Validate a stack's `project:*` values (already without the prefix) into Settings.
 
-    `aws_region`: the stack's `aws:region`, if set (it must agree with `aws.region`).
+    `aws_region`: the stack's `aws:region`, if set (it must agree with `aws.region`); `other_keys`: the stack's
+    keys outside the project namespace (`aws:region`...), each of a namespace something reads.
     """
     data = {"project": project, "stack": stack, **{k: v for k, v in raw.items() if k not in SECRET_KEYS}}
     model = settings_model()
+    namespaced = namespace_problems(project, other_keys)
     try:
         settings = model.model_validate(data)
-        problems: list[rules.Problem] = []
+        problems: list[rules.Problem] = list(namespaced)
     except pydantic.ValidationError as exc:
         errors = exc.errors()
-        problems = [_problem(e) for e in errors]
+        problems = [*namespaced, *(_problem(e) for e in errors)]
         # Bad values don't hide the rest of the report: when each is an unknown key or a scalar with a default,
         # check the stack again with the default in its place, rules included, and keep what concerns other keys.
         if not all(_recoverable(tuple(e["loc"]), e["type"]) for e in errors):
@@ -93,6 +109,21 @@ def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region:
     if problems:
         raise ConfigError(project, stack, problems)
     return settings
+
+
+def namespace_problems(project: str, keys: Iterable[str]) -> list[rules.Problem]:
+    """Keys in a namespace nothing reads (a typo such as `trainyrd:buckets`), each with the closest one read."""
+    known = (project, *OTHER_NAMESPACES)
+    problems = []
+    for key in sorted(keys):
+        namespace, _, name = key.partition(":")
+        if namespace in known:
+            continue
+        close = difflib.get_close_matches(namespace, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}:{name}? " if close else ""
+        problems.append(rules.Problem(key, f"unknown config namespace {namespace!r}, so nothing would read it; "
+                                           f"{hint}namespaces read: {', '.join(known)}", foreign=True))
+    return problems
 
 
 def platform_namespaces() -> frozenset[str]:
@@ -121,10 +152,9 @@ def _without(data: dict[str, Any], locations: list[tuple[int | str, ...]]) -> di
     return pruned
 
 
-def _raw_config(project: str) -> dict[str, Any]:
-    values = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    prefix = f"{project}:"
-    return {k[len(prefix):]: decode_value(v) for k, v in values.items() if k.startswith(prefix)}
+def _config_values() -> dict[str, Any]:
+    """Every `namespace:key` value the engine hands the program."""
+    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
 
 
 def decode_value(value: Any) -> Any:

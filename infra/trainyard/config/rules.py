@@ -53,6 +53,12 @@ STACK_NAME = "(stack name)"
 class Problem:
     path: str  # key path below the project namespace, e.g. "nodePools[1].minSize"
     message: str
+    # `path` is a whole key of another namespace ("trainyrd:buckets"), shown as it is.
+    foreign: bool = False
+
+    def key(self, project: str) -> str:
+        """The key as the stack file spells it."""
+        return self.path if self.foreign or self.path == STACK_NAME else f"{project}:{self.path}"
 
 
 def check(settings: Settings, mig: MigCatalog, trainer_configs: Path, *,
@@ -307,6 +313,9 @@ def _node_pool(at: str, pool: NodePool, zones: set[str]) -> Iterator[Problem]:
             yield Problem(f"{at}.efa", "EFA is only configured on 'gpu' pools")
     yield from _pool_labels(at, pool)
     yield from _pool_taints(at, pool)
+    if pool.zones == []:
+        yield Problem(f"{at}.zones", "is empty, which would read as no zone: list the zones the pool may use, or "
+                                     "leave zones out for every zone of aws.availabilityZones")
     if pool.zones is not None:
         for zone in _duplicates(pool.zones):
             yield Problem(f"{at}.zones", f"{zone!r} is listed twice")
@@ -570,6 +579,25 @@ def _quota_below_capability(at: str, quota: TenantResources, capability: TenantR
         if limit and share and limit < share:
             yield Problem(f"{at}.{key}", f"{getattr(quota, key)} is below the queue capability "
                                          f"{getattr(capability, key)}: the queue could never be used fully")
+
+
+def notices(s: Settings) -> list[Problem]:
+    """What a valid stack asks for that cannot take effect: said as a warning, not refused."""
+    return [problem for i, t in enumerate(s.tenants) if t.quota is not None
+            for problem in _quota_above_capability(f"tenants[{i}].quota", t.quota, t.capability)]
+
+
+def _quota_above_capability(at: str, quota: TenantResources, capability: TenantResources) -> Iterator[Problem]:
+    """Volcano admits a queue's jobs up to its capability, so a namespace quota above it binds only pods outside the
+    queue. A warning, not an error: that room can be meant (pods Volcano does not schedule count against a
+    ResourceQuota too: kubernetes.io/docs/concepts/policy/resource-quotas), yet for a tenant's training jobs the
+    difference is never reached."""
+    for key in ("gpu", "cpu", "memory"):
+        asked, cap = getattr(quota, key), getattr(capability, key)
+        limit, share = parse_quantity(str(asked)), parse_quantity(str(cap))
+        if limit and share and limit > share:
+            yield Problem(f"{at}.{key}", f"{asked} is above the queue capability {cap}: the tenant's queued jobs stop "
+                                         f"at {cap}; only pods outside its Volcano queue can use the rest")
 
 
 def _trainer_config(at: str, name: str, configs: Path) -> Iterator[Problem]:

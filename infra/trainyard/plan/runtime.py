@@ -105,7 +105,8 @@ def settings_of(stack: StackFile) -> Settings:
     """The stack's Settings, validated exactly as the program validates them."""
     prefix = f"{PROJECT}:"
     raw = {k[len(prefix):]: decode_value(v) for k, v in stack.values.items() if k.startswith(prefix)}
-    return parse_settings(PROJECT, stack.stack, raw, aws_region=stack.values.get("aws:region"))
+    return parse_settings(PROJECT, stack.stack, raw, aws_region=stack.values.get("aws:region"),
+                          other_keys=[k for k in stack.values if not k.startswith(prefix)])
 
 
 def render(stack: StackFile, entrypoint: Callable[[], Any] = program.main,
