@@ -6,9 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from aws_plan import by_urn, of_type, one, plan
+from aws_plan import AWS_STACKS, by_urn, of_type, one, plan
 from trainyard.cloud.karpenter import INTERRUPTION_EVENTS
 from trainyard.cloud.userdata import NodeRole, render_user_data
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.model import Settings
+from trainyard.config.releases import KUBERNETES_RELEASES
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.runtime import read_stack, settings_of
 
@@ -22,6 +25,10 @@ CRDS = upstream_dir() / "crds"
 def _schema(group: str, kind: str) -> dict[str, Any]:
     path = CRDS / group / f"{kind}_v1.json"
     return dict(json.loads(path.read_text()))
+
+
+def _settings(stack: str) -> Settings:
+    return settings_of(read_stack(stack))
 
 
 def _crs(stack: str, type_: str) -> dict[str, Any]:
@@ -48,10 +55,10 @@ def test_crs_validate_against_upstream_schemas(stack: str) -> None:
         {k: broken[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
 
 
-@pytest.mark.parametrize("stack", ["staging", "prod"])
+@pytest.mark.parametrize("stack", AWS_STACKS)
 def test_one_node_class_and_pool_per_gpu_pool(stack: str) -> None:
-    gpu_pools = {p.name for p in settings_of(read_stack(stack)).pools("gpu")}
-    assert gpu_pools and set(_crs(stack, NODE_POOL)) == gpu_pools
+    gpu_pools = {pool.name for pool in _settings(stack).pools("gpu")}
+    assert set(_crs(stack, NODE_POOL)) == gpu_pools
     assert set(_crs(stack, NODE_CLASS)) == gpu_pools
 
 
@@ -70,31 +77,34 @@ def test_reserved_pools_select_their_reservations_by_id(stack: str) -> None:
             assert terms is None and "reserved" not in requirements["karpenter.sh/capacity-type"]
 
 
-def test_node_pool_content() -> None:
-    pools = _crs("prod", NODE_POOL)
-    h100 = pools["h100"].inputs["spec"]
-    assert h100["limits"] == {"nodes": "8", "nvidia.com/gpu": "64"}  # maxSize 8 x 8 GPUs
-    assert pools["h200"].inputs["spec"]["limits"] == {"nodes": "4", "nvidia.com/gpu": "32"}
-    template = h100["template"]
-    assert template["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
-    # Cilium's, then GPU admission's: only a passed health check removes the second (platform/gpu_health.py).
-    assert template["spec"]["startupTaints"] == [
-        {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"},
-        {"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"}]
-    assert template["spec"]["expireAfter"] == "Never"
-    assert template["metadata"]["labels"] == {"trainyard.io/role": "gpu", "trainyard.io/pool": "h100"}
-    reqs = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
-    assert reqs["node.kubernetes.io/instance-type"] == ["p5.48xlarge"]
-    assert reqs["karpenter.sh/capacity-type"] == ["on-demand"]
-    assert reqs["topology.kubernetes.io/zone"] == ["us-west-2a"]
-    spot = {r["key"]: r["values"] for r in pools["h200"].inputs["spec"]["template"]["spec"]["requirements"]}
-    assert spot["karpenter.sh/capacity-type"] == ["spot", "on-demand"]
-    assert spot["node.kubernetes.io/instance-type"] == ["p5e.48xlarge", "p5en.48xlarge"]
-    mig_labels = pools["h100-mig"].inputs["spec"]["template"]["metadata"]["labels"]
-    assert mig_labels["nvidia.com/mig.config"] == "training-mixed"
-    assert _crs("staging", NODE_POOL)["a100-mig"].inputs["spec"]["template"]["metadata"]["labels"][
-        "nvidia.com/mig.config"] == "balanced"
-    assert "nvidia.com/mig.config" not in template["metadata"]["labels"]
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_node_pool_content(stack: str) -> None:
+    settings = _settings(stack)
+    crs = _crs(stack, NODE_POOL)
+    for pool in settings.pools("gpu"):
+        types = [INSTANCE_TYPES[name] for name in pool.instance_types]
+        spec = crs[pool.name].inputs["spec"]
+        # Every pool is bounded on nodes; one without a MIG layout on GPUs too (platform/karpenter.py pool_limits).
+        gpus = {} if pool.mig_layout else {"nvidia.com/gpu": str(pool.max_size * min(t.gpu_count for t in types))}
+        assert spec["limits"] == {"nodes": str(pool.max_size), **gpus}
+        template = spec["template"]
+        taints = template["spec"]["taints"]
+        assert taints[0] == {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+        assert all(t.model_dump(by_alias=True) in taints for t in pool.taints)
+        # Cilium's, then GPU admission's: only a passed health check removes the second (platform/gpu_health.py).
+        health = [{"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"}] \
+            if settings.addons.gpu_health.enabled else []
+        assert template["spec"]["startupTaints"] == [
+            {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"}, *health]
+        assert template["spec"]["expireAfter"] == "Never"
+        labels = template["metadata"]["labels"]
+        assert {"trainyard.io/role": "gpu", "trainyard.io/pool": pool.name}.items() <= labels.items()
+        assert labels.get("nvidia.com/mig.config") == pool.mig_layout
+        reqs = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
+        assert reqs["node.kubernetes.io/instance-type"] == pool.instance_types
+        assert reqs["karpenter.sh/capacity-type"] == pool.capacity_types
+        assert settings.aws is not None
+        assert reqs["topology.kubernetes.io/zone"] == (pool.zones or settings.aws.availability_zones)
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
@@ -121,20 +131,24 @@ def test_node_pools_never_consolidate_busy_nodes(stack: str) -> None:
         assert blocked and {"Underutilized", "Drifted"} <= set(blocked[0]["reasons"])
 
 
-def test_node_class_content() -> None:
-    classes = _crs("prod", NODE_CLASS)
-    h100 = classes["h100"].inputs["spec"]
-    assert h100["amiSelectorTerms"] == [{"alias": "al2023@v20260714"}]
-    assert h100["role"] == "trainyard-prod-karpenter-node"
-    assert h100["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "trainyard-prod"}}]
-    assert h100["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "trainyard-prod"}}]
-    assert h100["userData"] == render_user_data(NodeRole.GPU)
-    assert h100["metadataOptions"]["httpTokens"] == "required"
-    assert h100["blockDeviceMappings"] == [{"deviceName": "/dev/xvda", "rootVolume": True, "ebs": {
-        "volumeSize": "1000Gi", "volumeType": "gp3", "encrypted": True, "deleteOnTermination": True}}]
-    assert h100["placementGroupSelector"] == {"name": "trainyard-prod-h100"}
-    assert "placementGroupSelector" not in classes["h100-spot"].inputs["spec"]
-    assert classes["h100-mig"].inputs["spec"]["blockDeviceMappings"][0]["ebs"]["volumeSize"] == "500Gi"
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_node_class_content(stack: str) -> None:
+    settings = _settings(stack)
+    release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
+    classes = _crs(stack, NODE_CLASS)
+    for pool in settings.pools("gpu"):
+        spec = classes[pool.name].inputs["spec"]
+        assert spec["amiSelectorTerms"] == [{"alias": release.karpenter_ami_alias}]
+        assert spec["role"] == f"trainyard-{stack}-karpenter-node"
+        assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack}"}}]
+        assert spec["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack}"}}]
+        assert spec["userData"] == render_user_data(NodeRole.GPU)
+        assert spec["metadataOptions"]["httpTokens"] == "required"
+        assert spec["blockDeviceMappings"] == [{"deviceName": "/dev/xvda", "rootVolume": True, "ebs": {
+            "volumeSize": f"{pool.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True,
+            "deleteOnTermination": True}}]
+        placement = {"name": f"trainyard-{stack}-{pool.name}"} if pool.placement_group else None
+        assert spec.get("placementGroupSelector") == placement
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
@@ -155,10 +169,11 @@ def test_crs_outlive_nothing_but_depend_on_the_release(stack: str) -> None:
         assert node_class.urn in pool.depends_on
 
 
-def test_aws_side() -> None:
-    rec = plan("prod")
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_aws_side(stack: str) -> None:
+    rec = plan(stack)
     queue = one(rec, "aws:sqs/queue:Queue")
-    assert queue.inputs["name"] == "trainyard-prod-karpenter"
+    assert queue.inputs["name"] == f"trainyard-{stack}-karpenter"
     assert queue.inputs["sqsManagedSseEnabled"] is True
     rules = of_type(rec, "aws:cloudwatch/eventRule:EventRule")
     patterns = {(p["source"][0], p["detail-type"][0]) for p in (json.loads(r.inputs["eventPattern"]) for r in rules)}
@@ -169,13 +184,14 @@ def test_aws_side() -> None:
     assert {s["Effect"] for s in policy["Statement"]} == {"Allow", "Deny"}
     node_entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "EC2_LINUX"]
     assert [e.inputs["principalArn"] for e in node_entries] == [
-        "arn:aws:iam::000000000000:role/trainyard-prod-karpenter-node"]
+        f"arn:aws:iam::000000000000:role/trainyard-{stack}-karpenter-node"]
     groups = {g.inputs["name"]: g.inputs["strategy"] for g in of_type(rec, "aws:ec2/placementGroup:PlacementGroup")}
-    assert groups == {"trainyard-prod-h100": "cluster", "trainyard-prod-h200": "cluster"}
+    assert groups == {f"trainyard-{stack}-{pool.name}": "cluster" for pool in _settings(stack).pools("gpu")
+                      if pool.placement_group}
     controller = [a for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
                   if a.inputs["serviceAccount"] == "karpenter"]
     assert [(a.inputs["namespace"], a.inputs["roleArn"]) for a in controller] == [
-        ("kube-system", "arn:aws:iam::000000000000:role/trainyard-prod-karpenter-controller")]
+        ("kube-system", f"arn:aws:iam::000000000000:role/trainyard-{stack}-karpenter-controller")]
 
 
 def test_controller_policy_is_scoped_to_the_cluster() -> None:

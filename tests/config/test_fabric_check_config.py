@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT, available_stacks, read_stack
 
 Raw = dict[str, Any]
 
@@ -17,18 +17,28 @@ def _raw(stack: str) -> Raw:
 
 
 def _problems(raw: Raw, stack: str = "prod") -> dict[str, str]:
+    return {path: messages[-1] for path, messages in _all_problems(raw, stack).items()}
+
+
+def _all_problems(raw: Raw, stack: str) -> dict[str, list[str]]:
     with pytest.raises(ConfigError) as caught:
         parse_settings(PROJECT, stack, raw)
-    return {p.path: p.message for p in caught.value.problems}
+    found: dict[str, list[str]] = {}
+    for problem in caught.value.problems:
+        found.setdefault(problem.path, []).append(problem.message)
+    return found
 
 
-def test_every_efa_pool_is_checked_and_no_other() -> None:
-    raw = _raw("prod")
-    prod = parse_settings(PROJECT, "prod", raw)
-    efa_pools = [p["name"] for p in raw["nodePools"] if p.get("efa")]
-    assert efa_pools and [p.name for p in prod.fabric_checked_pools] == efa_pools
-    for stack in ("dev", "local"):
-        assert parse_settings(PROJECT, stack, _raw(stack)).fabric_checked_pools == []
+def _efa_pools(raw: Raw) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, pool) for i, pool in enumerate(raw["nodePools"]) if pool.get("efa")]
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_every_efa_pool_is_checked_and_no_other(stack: str) -> None:
+    raw = _raw(stack)
+    efa = [pool["name"] for pool in raw.get("nodePools", []) if pool.get("efa")]
+    expected = efa if raw.get("fabricCheck", {}).get("enabled", True) else []
+    assert [p.name for p in parse_settings(PROJECT, stack, raw).fabric_checked_pools] == expected
 
 
 def test_switching_it_off_checks_nothing() -> None:
@@ -72,13 +82,15 @@ def test_a_pool_of_one_node_cannot_be_checked() -> None:
 
 def test_check_job_names_neither_collide_nor_overflow() -> None:
     raw = _raw("prod")
-    raw["workloads"][0]["name"] = "fabric-check-h100"
-    assert "fabric check" in _problems(raw)["nodePools[2].name"]
+    index, pool = _efa_pools(raw)[0]
+    raw["workloads"][0]["name"] = f"fabric-check-{pool['name']}"
+    assert "fabric check" in _problems(raw)[f"nodePools[{index}].name"]
     raw = _raw("prod")
+    index, pool = _efa_pools(raw)[0]
     long_name = "h" * 45
-    raw["nodePools"][2]["name"] = long_name
     for job in raw["workloads"]:
-        if job.get("nodePool") == "h100":
+        if job.get("nodePool") == pool["name"]:
             job["nodePool"] = long_name
-    assert "longer than 52" in _problems(raw)["nodePools[2].name"]
+    pool["name"] = long_name
+    assert "longer than 52" in _problems(raw)[f"nodePools[{index}].name"]
 
