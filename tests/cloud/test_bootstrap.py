@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import testinfra
-import uml
+import vm
 from testinfra.backend.base import CommandResult
 from testinfra.backend.local import LocalBackend
 from testinfra.host import Host
@@ -306,16 +306,17 @@ def test_gpu_refuses_a_mixed_device_set_as_a_whole(node: Node, loops: Callable[[
 
 @pytest.mark.slow
 def test_gpu_stripes_several_devices_into_one_cache(tmp_path: Path) -> None:
-    # RAID0 needs the md driver, which a container host's kernel may lack: the scenario runs in a User-Mode Linux
-    # guest (tests/cloud/uml.py) on the real tools, with the same shims, --root and assertions as the others.
-    if _NODE_PROBLEM is not None or not uml.available():
-        pytest.fail(_NODE_PROBLEM or f"{uml.KERNEL} not installed: make deps (apt-get install user-mode-linux)")
+    # RAID0 needs the md driver, which a container host's kernel may lack: the scenario runs in a QEMU guest
+    # (tests/cloud/vm.py) on the host's real tools, with the same shims, --root and assertions as the others.
+    problem = _NODE_PROBLEM or vm.problem()
+    if problem is not None:
+        pytest.fail(problem)
     node = Node(tmp_path, HOST)
     disks = [tmp_path / f"disk{index}.img" for index in range(2)]
     for disk in disks:
         with open(disk, "wb") as image:
             image.truncate(DISK_BYTES)
-    prepare = shlex.join(node.argv("--role", "gpu", "--devices", "/dev/ubda /dev/ubdb"))
+    prepare = shlex.join(node.argv("--role", "gpu", "--devices", "/dev/vda /dev/vdb"))
     first_run = tmp_path / "first-run-calls.log"
     cache, calls = shlex.quote(str(node.cache)), shlex.quote(str(node.calls_log))
     script = f"""
@@ -328,21 +329,21 @@ fact members "$(ls /sys/block/$array/slaves | sort | tr '\\n' ' ')"
 fact fs "$(blkid -p -o value -s TYPE /dev/$array)"
 fact label "$(blkid -p -o value -s LABEL /dev/$array)"
 fact mount "$(readlink -f "$(findmnt -n -o SOURCE --mountpoint {cache})") $(findmnt -n -o FSTYPE --mountpoint {cache})"
-for dev in ubda ubdb; do fact "member_$dev" "$(blkid -p -o value -s TYPE /dev/$dev)"; done
+for dev in vda vdb; do fact "member_$dev" "$(blkid -p -o value -s TYPE /dev/$dev)"; done
 touch {cache}/marker
 cp {calls} {shlex.quote(str(first_run))} && : > {calls}
 {prepare} || exit 11
 test -e {cache}/marker && fact marker kept
 """
-    status, output = uml.run(script, disks, tmp_path)
+    status, output = vm.run(script, disks, tmp_path)
     assert status == 0, output
     facts = dict(line.removeprefix("FACT ").split("=", 1) for line in output.splitlines() if line.startswith("FACT "))
     array = facts["array"]
     assert array.startswith("md") and facts["level"] == "raid0"
-    assert facts["members"].split() == ["ubda", "ubdb"]
+    assert facts["members"].split() == ["vda", "vdb"]
     assert (facts["fs"], facts["label"]) == ("xfs", CACHE_LABEL)
     assert facts["mount"] == f"/dev/{array} xfs"
-    assert facts["member_ubda"] == facts["member_ubdb"] == "linux_raid_member"
+    assert facts["member_vda"] == facts["member_vdb"] == "linux_raid_member"
     assert facts.get("marker") == "kept"
     # The second run only probed (mdadm -E): no new array, no mkfs, the cache and its data kept.
     first_calls = first_run.read_text().splitlines()
