@@ -9,10 +9,16 @@ STACKS := dev staging prod local
 
 .PHONY: plan plans deps upstream preflight test test-fast lint bench gpu-check clean
 
-# System tools the suite runs for real: promtool (alert rule tests), the node bootstrap tests' disk tools, and
-# User-Mode Linux (a kernel with the md RAID driver, for the RAID0 scenario where the host kernel has none).
-SYSTEM_TOOLS := promtool mdadm mkfs.xfs mkfs.ext4 wipefs losetup unshare nsenter findmnt blkid shellcheck linux.uml
-APT_PACKAGES := prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck user-mode-linux
+# System tools the suite runs for real: promtool (alert rule tests), the node bootstrap tests' disk tools, and QEMU
+# with busybox and a distribution kernel (a guest with the md RAID driver, for the RAID0 scenario where the host
+# kernel has none: tests/cloud/vm.py). `make test` installs what is missing (apt-get, as root).
+SYSTEM_TOOLS := promtool mdadm mkfs.xfs mkfs.ext4 wipefs losetup unshare nsenter findmnt blkid shellcheck \
+	qemu-system-x86_64 busybox
+# The guest's kernel: Debian's generic one has the 9p, virtio and md modules; Ubuntu ships its modules compressed
+# with zstd.
+GUEST_KERNEL := $(shell . /etc/os-release 2>/dev/null; [ "$$ID" = ubuntu ] && echo linux-image-generic zstd || echo linux-image-amd64)
+APT_PACKAGES := prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck qemu-system-x86 busybox-static $(GUEST_KERNEL)
+APT_GET ?= apt-get
 # Two workers on the 2-core CI machine; `make test JOBS=auto` elsewhere.
 JOBS ?= 2
 
@@ -44,16 +50,23 @@ plans: $(VENV)/.installed $(BIN)/helm upstream  ## refresh the reviewed plans in
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done
 
 deps:  ## the system tools the suite needs (Debian/Ubuntu, as root)
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) > /dev/null
+	$(APT_GET) update -qq
+	DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $(APT_PACKAGES) > /dev/null
 
 upstream: $(VENV)/.installed  ## fetch (or copy from ../shared/upstream) and verify the data the conformance tests read
 	$(BIN)/python tools/upstream.py sync
 
-preflight:  ## stop before the suite when a system tool is missing or the node tests cannot run
-	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool > /dev/null || missing="$$missing $$tool"; done; \
-	if [ -n "$$missing" ]; then echo "make test: missing system tools:$$missing. Install them with: make deps"; exit 2; fi
+# Prints the missing system tools (and `guest-kernel` without a kernel that has the 9p module), nothing when complete.
+MISSING_TOOLS = for tool in $(SYSTEM_TOOLS); do command -v $$tool > /dev/null || printf ' %s' $$tool; done; \
+	ls /lib/modules/*/kernel/fs/9p/9p.ko* > /dev/null 2>&1 || printf ' guest-kernel'
+
+preflight:  ## install missing system tools (Debian/Ubuntu, as root), or stop saying why the suite cannot run
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: the node bootstrap tests need root (loop devices, mount namespaces): run it as root"; exit 2; fi
+	@missing="$$($(MISSING_TOOLS))"; if [ -n "$$missing" ]; then \
+	  if ! command -v $(APT_GET) > /dev/null; then \
+	    echo "make test: missing system tools:$$missing, and no apt-get to install them: install the packages $(APT_PACKAGES) or their equivalents"; exit 2; fi; \
+	  echo "make test: installing missing system tools:$$missing"; $(MAKE) --no-print-directory deps APT_GET=$(APT_GET) || exit 2; \
+	  missing="$$($(MISSING_TOOLS))"; if [ -n "$$missing" ]; then echo "make test: still missing after make deps:$$missing"; exit 2; fi; fi
 
 test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed $(BIN)/helm upstream  ## the whole suite (acceptance skips without a cluster)
 	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -n $(JOBS) --durations=10
