@@ -1,0 +1,90 @@
+"""Every command the README shows runs as written after the step it follows (`make plan`, then `make test`).
+
+Commands in ```bash blocks are run, in a clone of this checkout with its `.venv` and `.upstream`, except those that
+need a cloud account or a cluster (CLOUD) and the two the README starts with, which CI runs itself (`.ci/run`).
+Commands inside prose and `$ ` lines of example output are not run, but must name an interpreter that exists: the
+venv's, never a bare `python` or `torchrun`, which a fresh machine lacks or which lacks the project.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# Need a cloud account, a Pulumi backend, a cluster or Docker: shown for the reader, not runnable here.
+CLOUD = ("pulumi", "kubectl", "kind", "docker", "export", ".venv/bin/python -m pytest tests/acceptance")
+# The two commands of the quick start: CI runs exactly these (tests/ci/test_make_test.py).
+QUICK_START = ("make plan", "make test")
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+_SPAN = re.compile(r"`([^`\n]+)`")
+_BARE = re.compile(r"^(python3?|pytest|torchrun)\s")
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in _FENCE.finditer(README.read_text())]
+
+
+def _commands(block: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines = (line.split(" #")[0].strip() for line in joined.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _shown() -> list[str]:
+    """Every command line the README shows: bash blocks, `$ ` lines of example output, commands in prose."""
+    found = [c for kind, block in _blocks() if kind == "bash" for c in _commands(block)]
+    found += [line[2:].split(" #")[0].strip() for kind, block in _blocks() if kind != "bash"
+              for line in block.splitlines() if line.startswith("$ ")]
+    prose = _FENCE.sub("", README.read_text())
+    found += [span for span in _SPAN.findall(prose) if span.startswith((".venv/bin/", "python -m trainyard ",
+                                                                        "python tools/", "python bench/"))]
+    return found
+
+
+RUNNABLE = [c for kind, block in _blocks() if kind == "bash" for c in _commands(block)
+            if not c.startswith(CLOUD) and c not in QUICK_START]
+
+
+def test_the_readme_shows_runnable_commands() -> None:
+    assert len(RUNNABLE) >= 5, RUNNABLE
+
+
+@pytest.mark.parametrize("command", _shown())
+def test_every_command_names_an_interpreter_the_steps_installed(command: str) -> None:
+    assert not _BARE.match(command), f"{command!r}: a fresh machine's {command.split()[0]} lacks the project: " \
+                                     "use .venv/bin/"
+    program = shlex.split(command)[0]
+    if program.startswith(".venv/bin/"):
+        assert (ROOT / program).is_file(), f"{command!r}: {program} is not installed by make plan / make test"
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout (uncommitted changes included) with the venv and upstream data the quick start made."""
+    copy = tmp_path_factory.mktemp("readme") / "repo"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(copy)], check=True)
+    changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    for name in changed:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "wip"],
+                   cwd=copy, check=True)
+    for name in (".venv", ".upstream"):
+        (copy / name).symlink_to(ROOT / name)
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", RUNNABLE)
+def test_each_command_runs_as_written(clone: Path, command: str) -> None:
+    result = subprocess.run(command, shell=True, cwd=clone, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
