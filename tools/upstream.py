@@ -12,6 +12,9 @@ nothing upstream is committed to this repository.
                                                               when it exists, else the internet), then verify it
     python tools/upstream.py verify [--dest DIR]              verify the cache only
     python tools/upstream.py lock --from DIR                  rebuild the lock from a mirror that has a SOURCES.md
+    python tools/upstream.py add CHART VERSION --from DIR --source URL
+                                                              lock a chart no mirror holds: DIR is the chart as
+                                                              `helm pull URL --untar` leaves it, URL its package
 
 Exit status: 0 when the cache matches the lock, 2 with one message naming each missing or mismatched file.
 """
@@ -25,6 +28,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import tarfile
 import urllib.error
@@ -326,7 +330,9 @@ def sync(dest: Path, mirror: Path | None, lock: Path = LOCK, fetch: Any = downlo
         if entry.path not in stale:
             continue
         try:
-            data = inside(mirror, entry.path).read_bytes() if mirror is not None else build(entry, fetch)
+            # A chart no mirror holds (locked with `add`) comes from its own source.
+            local = inside(mirror, entry.path) if mirror is not None else None
+            data = local.read_bytes() if local is not None and local.is_file() else build(entry, fetch)
         except DownloadError:
             raise  # the network is down or the source moved: retrying 170 files would only repeat it
         except (OSError, UpstreamError, UnsafePathError, tarfile.TarError, yaml.YAMLError) as error:
@@ -498,6 +504,56 @@ def tree_of(mirror: Path, rows: Mapping[str, Mapping[str, str]], chart: str, ver
     return Tree(path=tree_path, listing_sha256=listing), files
 
 
+# --- add: a chart no mirror holds ---------------------------------------------------------------------------------
+
+_CHART_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_CHART_VERSION = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?")
+# What conformance reads besides the tree (charts/<chart>/<version>/): the chart's own metadata and defaults.
+_DEFAULTS = ("Chart.yaml", "values.yaml", "values.schema.json")
+
+
+def add_chart(chart: str, version: str, source: Path, url: str, dest: Path, lock: Path = LOCK) -> int:
+    """Lock `source`, the chart `helm pull URL --untar` unpacked, as `chart-src/<chart>/<version>` and its defaults as
+    `charts/<chart>/<version>`: each file with `url` and its member in that package, and its sha256; then put them
+    in the cache `dest`. Replaces what the lock held for that chart and version. Returns the files locked."""
+    if not _CHART_NAME.fullmatch(chart) or not _CHART_VERSION.fullmatch(version):
+        raise UpstreamError(f"{chart} {version}: a chart name is a DNS label and a version is SemVer (such as 1.2.3)")
+    if not (url.startswith("https://") and url.endswith(".tgz")):
+        raise UpstreamError(f"--source {url}: the https:// URL of the chart's package (.tgz), as `helm pull` reads it")
+    metadata = source / "Chart.yaml"
+    try:
+        declared = yaml.safe_load(metadata.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise UpstreamError(f"{metadata}: not a chart's Chart.yaml ({error})") from None
+    if (str(declared.get("name")), str(declared.get("version"))) != (chart, version):
+        raise UpstreamError(f"{metadata}: declares {declared.get('name')} {declared.get('version')}, not {chart} "
+                            f"{version}")
+    links = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_symlink())
+    if links:
+        raise UpstreamError(f"{source}: holds links ({', '.join(links)}); use the tree `helm pull --untar` unpacks")
+    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in sorted(source.rglob("*")) if p.is_file()}
+    tree, defaults = f"{CHART_SRC}/{chart}/{version}", f"charts/{chart}/{version}"
+    added = {f"{tree}/{rel}": (rel, data) for rel, data in files.items()}
+    added |= {f"{defaults}/{name}": (name, files[name]) for name in _DEFAULTS if name in files}
+    kept = [e for e in load_lock(lock) if not e.path.startswith((f"{tree}/", f"{defaults}/"))]
+    entries = kept + [Entry(path=path, url=url, sha256=sha256(data), member=f"{chart}/{rel}")
+                      for path, (rel, data) in added.items()]
+    _check_dest(dest)
+    try:
+        for folder in (inside(dest, tree, folder=True), inside(dest, defaults, folder=True)):
+            if folder.is_dir():
+                shutil.rmtree(folder)
+        for path, (_, data) in added.items():
+            write_file(dest, path, data)
+    except (OSError, UnsafePathError) as error:
+        raise UpstreamError(f"{dest}: cannot hold {chart} {version} ({_reason(error)})") from None
+    trees = [t for t in load_trees(lock) if t.path != tree]
+    trees.append(Tree(path=tree, listing_sha256=listing_sha256(dest / tree)))
+    write_lock(sorted(entries, key=lambda e: e.path), sorted(trees, key=lambda t: t.path), lock)
+    verify(dest, lock)
+    return len(added)
+
+
 def write_lock(entries: list[Entry], trees: list[Tree], lock: Path = LOCK) -> None:
     header = ("# Upstream files the plan and the conformance tests read, each with its source and sha256 (of the file\n"
               "# as they read it), and the chart source trees with their listing hash. Written by\n"
@@ -521,14 +577,24 @@ def _report(headline: str, lines: list[str], limit: int = 15) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/upstream.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("sync", "verify", "lock"):
+    for name in ("sync", "verify", "lock", "add"):
         command = commands.add_parser(name)
         command.add_argument("--dest", type=_folder, default=Path(os.environ.get("TRAINYARD_UPSTREAM") or DEFAULT_DEST))
-        if name != "verify":
+        if name == "add":
+            command.add_argument("chart")
+            command.add_argument("version")
+            command.add_argument("--from", dest="mirror", type=_folder, required=True,
+                                 help="the chart's folder, as `helm pull URL --untar` leaves it")
+            command.add_argument("--source", required=True, help="the https:// URL of the chart's package (.tgz)")
+        elif name != "verify":
             command.add_argument("--from", dest="mirror", type=_folder, help="local mirror laid out like the cache")
     args = parser.parse_args(argv)
     try:
-        if args.command == "verify":
+        if args.command == "add":
+            count = add_chart(args.chart, args.version, args.mirror, args.source, args.dest)
+            print(f"{LOCK.relative_to(REPO)}: {args.chart} {args.version} locked ({count} files from {args.source}); "
+                  f"{args.dest} holds them")
+        elif args.command == "verify":
             verify(args.dest)
             print(f"upstream data in {args.dest}: {len(load_lock())} files match {LOCK.name}")
         elif args.command == "lock":
@@ -548,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         print(escaped(f"tools/upstream.py {args.command}: {error}"), file=sys.stderr)
         if isinstance(error, DataError):
             print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a "
-                  "mirror (a checkout's ../shared/upstream).", file=sys.stderr)
+                  "mirror (a checkout's ../shared/upstream); a chart no mirror holds: `python tools/upstream.py add "
+                  "CHART VERSION --from DIR --source URL`.", file=sys.stderr)
         return 2
     return 0
 

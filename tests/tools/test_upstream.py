@@ -480,3 +480,62 @@ def test_a_mirror_tree_with_a_link_is_refused(tool: ModuleType, tmp_path: Path) 
     (mirror / "SOURCES.md").write_text(row + "\n")
     with pytest.raises(tool.UpstreamError, match="holds symbolic links"):
         tool.lock_from_mirror(mirror, {("demo", "1.0.0")})
+
+
+def _chart(root: Path, name: str = "demo", version: str = "1.0.0") -> Path:
+    """A chart folder as `helm pull --untar` leaves it."""
+    (root / "templates").mkdir(parents=True)
+    (root / "Chart.yaml").write_text(f"apiVersion: v2\nname: {name}\nversion: {version}\n")
+    (root / "values.yaml").write_text("replicas: 1\n")
+    (root / "templates" / "deployment.yaml").write_text("kind: Deployment\n")
+    return root
+
+
+def _package(root: Path, name: str) -> bytes:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            tar.add(path, arcname=f"{name}/{path.relative_to(root).as_posix()}")
+    return archive.getvalue()
+
+
+URL = "https://charts.example.invalid/demo-1.0.0.tgz"
+
+
+def test_add_locks_a_chart_no_mirror_holds_and_sync_fetches_it_from_its_package(tool: ModuleType,
+                                                                                  tmp_path: Path) -> None:
+    chart, lock, cache = _chart(tmp_path / "demo"), _write_lock(tmp_path, []), tmp_path / "cache"
+    assert tool.add_chart("demo", "1.0.0", chart, URL, cache, lock) == 5
+    locked = {e.path: e for e in tool.load_lock(lock)}
+    assert sorted(locked) == ["chart-src/demo/1.0.0/Chart.yaml", "chart-src/demo/1.0.0/templates/deployment.yaml",
+                              "chart-src/demo/1.0.0/values.yaml", "charts/demo/1.0.0/Chart.yaml",
+                              "charts/demo/1.0.0/values.yaml"]
+    assert {(e.url, e.member) for e in locked.values()} >= {(URL, "demo/templates/deployment.yaml")}
+    assert [t.path for t in tool.load_trees(lock)] == ["chart-src/demo/1.0.0"]
+    assert tool.is_verified(cache, lock)
+    # A fresh cache, and a mirror without the chart: sync takes each file from the package, checksums verified.
+    fresh, mirror = tmp_path / "fresh", tmp_path / "mirror"
+    mirror.mkdir()
+    package = _package(chart, "demo")
+    assert tool.sync(fresh, mirror, lock, lambda url: package if url == URL else b"") == (5, 0)
+    assert (fresh / "chart-src/demo/1.0.0/templates/deployment.yaml").read_text() == "kind: Deployment\n"
+    # Adding the same version again replaces its files: nothing of the earlier tree stays.
+    (chart / "templates" / "deployment.yaml").unlink()
+    assert tool.add_chart("demo", "1.0.0", chart, URL, cache, lock) == 4
+    assert not (cache / "chart-src/demo/1.0.0/templates/deployment.yaml").exists()
+    assert tool.is_verified(cache, lock)
+
+
+@pytest.mark.parametrize(("name", "version", "url", "message"), [
+    ("demo", "2.0.0", URL, r"Chart.yaml: declares demo 1.0.0, not demo 2.0.0"),
+    ("../demo", "1.0.0", URL, r"a chart name is a DNS label"),
+    ("demo", "1.0.0/../..", URL, r"a version is SemVer"),
+    ("demo", "1.0.0", "http://charts.example.invalid/demo-1.0.0.tgz", r"--source .*https:// URL of the chart"),
+])
+def test_add_refuses_what_is_not_the_chart_it_names(tool: ModuleType, tmp_path: Path, name: str, version: str,
+                                                   url: str, message: str) -> None:
+    lock = _write_lock(tmp_path, [])
+    before = lock.read_text()
+    with pytest.raises(tool.UpstreamError, match=message):
+        tool.add_chart(name, version, _chart(tmp_path / "demo"), url, tmp_path / "cache", lock)
+    assert lock.read_text() == before and not (tmp_path / "cache").exists()

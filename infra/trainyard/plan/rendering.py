@@ -153,7 +153,8 @@ def _tree(data: Path, release: _Release) -> Path:
     if not (tree / "Chart.yaml").is_file():
         raise RenderError(f"Helm release {release.name}: no chart source tree for {release.chart} {release.version} "
                           f"(expected {tree}): run `python tools/upstream.py sync`; a new chart or version needs its "
-                          "tree in tools/upstream.lock.yaml first (`python tools/upstream.py lock --from DIR`)")
+                          "tree in tools/upstream.lock.yaml first (`python tools/upstream.py lock --from DIR` from a "
+                          "mirror, or `python tools/upstream.py add CHART VERSION --from DIR --source URL`)")
     return tree
 
 
