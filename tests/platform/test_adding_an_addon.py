@@ -1,16 +1,20 @@
-"""README "Adding an add-on", done for real: a copy of the repository gets an example add-on in exactly the three
-places (catalogue data, a component, the stack switch with its settings), with no other file touched, and its
-plan renders it wired like every other add-on: monitoring, ordering, settings and conformance.
+"""README "Adding an add-on", done for real: a copy of the repository gets an example add-on by the README's steps,
+each file edited by hand being one the README names and the lock written by `tools/upstream.py add`; its plan
+renders it wired like every other add-on (monitoring, ordering, settings, conformance) and the checks the suite
+makes of every chart (release data, the lock) pass for it.
 
-The chart is fictional (`example-exporter`), so its upstream values and source tree are a fixture here, in the
-layout `tools/upstream.py sync` produces; the plan renders the tree with Helm, and conformance checks the values
-against the defaults, as for real charts.
+The chart is fictional (`example-exporter`): its folder, as `helm pull --untar` would leave it, is a fixture here,
+locked with `tools/upstream.py add` into a cache beside the copy; the plan renders the tree with Helm, and
+conformance checks the values against its defaults, as for real charts.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from trainyard.config.release_check import chart_pins, unverified
 from trainyard.plan.conformance import check_helm_values, upstream_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +75,10 @@ SETTINGS = '''class ExampleExporterSettings(AddonSwitch):
 
 '''
 SETTINGS_FIELD = "    example_exporter: ExampleExporterSettings = ExampleExporterSettings()\n"
+UNVERIFIED = f"""- pin: chart/{CHART}={VERSION}
+  reason: A fictional chart of tests/platform/test_adding_an_addon.py; no repository index lists it.
+"""
+PACKAGE = f"https://charts.example.invalid/{CHART}-{VERSION}.tgz"
 # Upstream defaults of the fictional chart (the fixture conformance checks against).
 UPSTREAM_VALUES = """nodeSelector: {}
 tolerations: []
@@ -107,7 +116,7 @@ spec:
 
 def _copy(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    for part in ("Pulumi.yaml", "infra", "platform", "stacks", "workloads/configs"):
+    for part in ("Pulumi.yaml", "infra", "platform", "stacks", "workloads/configs", "tools"):
         source, target = ROOT / part, repo / part
         if source.is_dir():
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
@@ -115,6 +124,11 @@ def _copy(tmp_path: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return repo
+
+
+def _files(repo: Path) -> dict[str, str]:
+    return {p.relative_to(repo).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in repo.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def _add_example(repo: Path) -> None:
@@ -133,6 +147,9 @@ def _add_example(repo: Path) -> None:
         document = yaml.safe_load(path.read_text())
         document["config"].setdefault("trainyard:addons", {})[KEY] = section
         path.write_text(yaml.safe_dump(document, sort_keys=False))
+    # Release data: no chart repository index confirms a fictional chart, so it is listed with the reason.
+    unverified = repo / "infra" / "trainyard" / "config" / "release_data" / "unverified.yaml"
+    unverified.write_text(unverified.read_text() + UNVERIFIED)
 
 
 def _with_settings(model: str) -> str:
@@ -142,25 +159,25 @@ def _with_settings(model: str) -> str:
     return model[:start] + SETTINGS + model[start:end] + SETTINGS_FIELD + model[end:]
 
 
-def _upstream(tmp_path: Path) -> Path:
-    """The real upstream data plus the fixture chart."""
+def _upstream(tmp_path: Path, repo: Path) -> Path:
+    """A cache holding the real upstream data, and the fixture chart locked into it by `tools/upstream.py add`."""
     upstream = tmp_path / "upstream"
-    (upstream / "charts").mkdir(parents=True)
     real = upstream_dir(ROOT)
+    for section in ("charts", "chart-src"):
+        (upstream / section).mkdir(parents=True)
+        for chart in (real / section).iterdir():
+            (upstream / section / chart.name).symlink_to(chart)
     for item in ("crds", "mig-parted"):
         (upstream / item).symlink_to(real / item)
-    for chart in (real / "charts").iterdir():
-        (upstream / "charts" / chart.name).symlink_to(chart)
-    (upstream / "charts" / CHART / VERSION).mkdir(parents=True)
-    (upstream / "charts" / CHART / VERSION / "values.yaml").write_text(UPSTREAM_VALUES)
-    (upstream / "chart-src").mkdir()
-    for chart in (real / "chart-src").iterdir():
-        (upstream / "chart-src" / chart.name).symlink_to(chart)
-    tree = upstream / "chart-src" / CHART / VERSION
-    (tree / "templates").mkdir(parents=True)
-    (tree / "Chart.yaml").write_text(CHART_YAML)
-    (tree / "values.yaml").write_text(UPSTREAM_VALUES)
-    (tree / "templates" / "deployment.yaml").write_text(TEMPLATE)
+    pulled = tmp_path / "pulled" / CHART  # what `helm pull <repository>/example-exporter --untar` leaves
+    (pulled / "templates").mkdir(parents=True)
+    (pulled / "Chart.yaml").write_text(CHART_YAML)
+    (pulled / "values.yaml").write_text(UPSTREAM_VALUES)
+    (pulled / "templates" / "deployment.yaml").write_text(TEMPLATE)
+    added = subprocess.run([sys.executable, "tools/upstream.py", "add", CHART, VERSION, "--from", str(pulled),
+                            "--source", PACKAGE, "--dest", str(upstream)], cwd=repo, capture_output=True, text=True,
+                           timeout=120)
+    assert added.returncode == 0, added.stderr
     return upstream
 
 
@@ -189,8 +206,34 @@ def _upstream_of(resources: dict[str, dict[str, Any]], urn: str) -> set[str]:
 def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp_path = tmp_path_factory.mktemp("addon")
     repo = _copy(tmp_path)
+    before = _files(repo)
     _add_example(repo)
-    return repo, _upstream(tmp_path)
+    by_hand = _files(repo)
+    upstream = _upstream(tmp_path, repo)
+    after = _files(repo)
+    edited = {path for path in by_hand if by_hand[path] != before.get(path)}
+    named = _readme_paths()
+    assert sorted(p for p in edited if not any(fnmatch.fnmatch(p, pattern) for pattern in named)) == [], named
+    assert {path for path in after if after[path] != by_hand.get(path)} == {"tools/upstream.lock.yaml"}
+    return repo, upstream
+
+
+def _readme_paths() -> list[str]:
+    """The files README "Adding an add-on" names, placeholders (`<chart>`) as wildcards."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Adding an add-on"):readme.index("## Stack configuration")]
+    return [re.sub(r"<[^>]+>", "*", span) for span in re.findall(r"`([\w./<>-]+/[\w./<>-]+)`", section)]
+
+
+def test_the_suite_checks_of_every_chart_pass_for_it(example: tuple[Path, Path]) -> None:
+    repo, _ = example
+    data = repo / "infra" / "trainyard" / "config" / "release_data"
+    listed = unverified(data)
+    assert [p.name for p in chart_pins(repo, data) if not p.confirmed and p.name not in listed] == []
+    assert f"chart/{CHART}={VERSION}" in listed
+    lock = yaml.safe_load((repo / "tools" / "upstream.lock.yaml").read_text())
+    assert f"chart-src/{CHART}/{VERSION}" in {tree["path"] for tree in lock["trees"]}
+    assert {e["url"] for e in lock["files"] if e["path"].startswith(f"charts/{CHART}/")} == {PACKAGE}
 
 
 def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, Path], tmp_path: Path) -> None:
