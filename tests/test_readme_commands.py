@@ -73,8 +73,10 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.split()
     for name in changed:
-        (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, copy / name)
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():  # a linked venv or cache is linked below, not copied
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
     subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "wip"],
                    cwd=copy, check=True)
