@@ -159,16 +159,19 @@ def _with_settings(model: str) -> str:
     return model[:start] + SETTINGS + model[start:end] + SETTINGS_FIELD + model[end:]
 
 
+def _link(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
+
+
 def _upstream(tmp_path: Path, repo: Path) -> Path:
     """A cache holding the real upstream data, and the fixture chart locked into it by `tools/upstream.py add`."""
+    # A copy of the real cache (hard links: instant, and no symbolic link, which the tool never follows), without
+    # its verification stamp, which the tool rewrites for the copy's lock.
     upstream = tmp_path / "upstream"
-    real = upstream_dir(ROOT)
-    for section in ("charts", "chart-src"):
-        (upstream / section).mkdir(parents=True)
-        for chart in (real / section).iterdir():
-            (upstream / section / chart.name).symlink_to(chart)
-    for item in ("crds", "mig-parted"):
-        (upstream / item).symlink_to(real / item)
+    shutil.copytree(upstream_dir(ROOT), upstream, copy_function=_link, ignore=shutil.ignore_patterns(".verified"))
     pulled = tmp_path / "pulled" / CHART  # what `helm pull <repository>/example-exporter --untar` leaves
     (pulled / "templates").mkdir(parents=True)
     (pulled / "Chart.yaml").write_text(CHART_YAML)
