@@ -8,6 +8,7 @@ venv's, never a bare `python` or `torchrun`, which a fresh machine lacks or whic
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from trainyard.plan.conformance import upstream_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -67,7 +69,7 @@ def test_every_command_names_an_interpreter_the_steps_installed(command: str) ->
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout (uncommitted changes included) with the venv and upstream data the quick start made."""
+    """This checkout (uncommitted changes included) with the venv the quick start made."""
     copy = tmp_path_factory.mktemp("readme") / "repo"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(copy)], check=True)
     changed = subprocess.run(["git", "ls-files", "-m", "-o", "--exclude-standard"], cwd=ROOT, check=True,
@@ -80,13 +82,14 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=copy, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "wip"],
                    cwd=copy, check=True)
-    for name in (".venv", ".upstream"):
-        (copy / name).symlink_to(ROOT / name)
+    (copy / ".venv").symlink_to(ROOT / ".venv")
     return copy
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", RUNNABLE)
 def test_each_command_runs_as_written(clone: Path, command: str) -> None:
-    result = subprocess.run(command, shell=True, cwd=clone, capture_output=True, text=True, timeout=600)
+    # The clone reads the checkout's upstream cache (tools/upstream.py refuses a linked one).
+    env = {**os.environ, "TRAINYARD_UPSTREAM": str(upstream_dir(ROOT))}
+    result = subprocess.run(command, shell=True, cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
