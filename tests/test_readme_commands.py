@@ -60,7 +60,7 @@ def test_the_readme_shows_runnable_commands() -> None:
 
 @pytest.mark.parametrize("command", _shown())
 def test_every_command_names_an_interpreter_the_steps_installed(command: str) -> None:
-    assert not _BARE.match(command), f"{command!r}: a fresh machine's {command.split()[0]} lacks the project: " \
+    assert not _BARE.search(command), f"{command!r}: a fresh machine's {command.split()[0]} lacks the project: " \
                                      "use .venv/bin/"
     program = shlex.split(command)[0]
     if program.startswith(".venv/bin/"):
