@@ -12,6 +12,7 @@ nothing upstream is committed to this repository.
                                                               when it exists, else the internet), then verify it
     python tools/upstream.py verify [--dest DIR]              verify the cache only
     python tools/upstream.py lock --from DIR                  rebuild the lock from a mirror that has a SOURCES.md
+                                                              (a pinned chart it lacks keeps what `add` locked)
     python tools/upstream.py add CHART VERSION --from DIR --source URL
                                                               lock a chart no mirror holds: DIR is the chart as
                                                               `helm pull URL --untar` leaves it, URL its package
@@ -34,7 +35,7 @@ import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -399,7 +400,16 @@ def needed(path: str, pins: set[tuple[str, str]]) -> bool:
     return parts[0] in ("crds", "mig-parted")
 
 
-def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> tuple[list[Entry], list[Tree]]:
+def chart_of(path: str) -> tuple[str, str] | None:
+    """The (chart, version) of a path at or below `charts/<c>/<v>` (its defaults) or `chart-src/<c>/<v>` (its tree)."""
+    parts = path.split("/")
+    return (parts[1], parts[2]) if parts[0] in ("charts", CHART_SRC) and len(parts) >= 3 else None
+
+
+def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]], locked: Sequence[Entry] = (),
+                     locked_trees: Sequence[Tree] = ()) -> tuple[list[Entry], list[Tree]]:
+    """The lock the mirror's SOURCES.md gives for `pins`. A pinned chart whose tree the mirror lacks keeps its
+    entries and tree from `locked`/`locked_trees` (the lock as it is: what `add` wrote) when they hold its tree."""
     try:
         sources = inside(mirror, "SOURCES.md").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError, UnsafePathError) as error:
@@ -431,18 +441,22 @@ def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]]) -> tuple[list[Ent
             convert=CRD_SCHEMA if row["note"].startswith("converted from CRD") else None))
     if found:
         raise UpstreamError(_report(f"{mirror}/SOURCES.md lists files the mirror cannot give", found))
-    covered = {tuple(e.path.split("/")[1:3]) for e in entries if e.path.startswith("charts/")}
     tree_rows = {row["file"]: row for row in rows if row["file"].startswith(f"{CHART_SRC}/")}
-    trees = [tree_of(mirror, tree_rows, chart, version) for chart, version in sorted(pins)
-             if f"{CHART_SRC}/{chart}/{version}" in tree_rows]
+    in_mirror = {(c, v) for c, v in pins if f"{CHART_SRC}/{c}/{v}" in tree_rows}
+    kept_trees = [t for t in locked_trees if chart_of(t.path) in pins - in_mirror]
+    carried = {chart_of(t.path) for t in kept_trees}
+    entries = [e for e in entries if chart_of(e.path) not in carried]
+    entries += [e for e in locked if chart_of(e.path) in carried]
+    trees = [tree_of(mirror, tree_rows, chart, version) for chart, version in sorted(in_mirror)]
     for _, files in trees:
         entries += files
+    covered = {chart_of(e.path) for e in entries if e.path.startswith("charts/")}
     missing = [f"{c} {v}" for c, v in sorted(pins - covered)]
-    missing += [f"{c} {v}: no chart source tree ({CHART_SRC}/{c}/{v})" for c, v in sorted(pins)
-                if f"{CHART_SRC}/{c}/{v}" not in tree_rows]
+    missing += [f"{c} {v}: no chart source tree ({CHART_SRC}/{c}/{v})" for c, v in sorted(pins - in_mirror - carried)]
     if missing:
         raise UpstreamError(_report(f"{mirror} has no data for these pinned charts", missing))
-    return sorted(entries, key=lambda e: e.path), [tree for tree, _ in trees]
+    return sorted(entries, key=lambda e: e.path), sorted([tree for tree, _ in trees] + kept_trees,
+                                                         key=lambda t: chart_of(t.path) or ())
 
 
 # Chart source trees (SOURCES.md, "Chart source trees"): one row per tree and per dependency chart from another
@@ -600,7 +614,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "lock":
             if args.mirror is None:
                 parser.error("lock needs --from DIR (a mirror with SOURCES.md)")
-            entries, trees = lock_from_mirror(args.mirror, pinned_charts())
+            try:
+                locked, locked_trees = load_lock(), load_trees()
+            except UpstreamError:  # a lock sync refuses keeps nothing: the mirror alone rewrites it
+                locked, locked_trees = [], []
+            entries, trees = lock_from_mirror(args.mirror, pinned_charts(), locked, locked_trees)
             write_lock(entries, trees)
             print(f"{LOCK.relative_to(REPO)}: {len(entries)} files, {len(trees)} chart source trees")
         else:

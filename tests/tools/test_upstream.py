@@ -526,6 +526,26 @@ def test_add_locks_a_chart_no_mirror_holds_and_sync_fetches_it_from_its_package(
     assert tool.is_verified(cache, lock)
 
 
+def test_lock_from_a_mirror_keeps_a_chart_add_locked_that_the_mirror_lacks(tool: ModuleType, tmp_path: Path) -> None:
+    mirror, work = tmp_path / "mirror", tmp_path / "work"
+    mirror.mkdir()
+    work.mkdir()
+    _, commit = _mirror(mirror)
+    lock, cache, url = _write_lock(work, []), work / "cache", "https://charts.example.invalid/extra-2.0.0.tgz"
+    tool.add_chart("extra", "2.0.0", _chart(work / "extra", "extra", "2.0.0"), url, cache, lock)
+    added = {e.path: e for e in tool.load_lock(lock)}
+    pins = {("demo", "1.0.0"), ("extra", "2.0.0")}
+    entries, trees = tool.lock_from_mirror(mirror, pins, tool.load_lock(lock), tool.load_trees(lock))
+    found = {e.path: e for e in entries}
+    assert {path: found[path] for path in added} == added  # the add-locked chart as `add` wrote it
+    assert found["charts/demo/1.0.0/values.yaml"].url.startswith(f"https://raw.githubusercontent.com/o/demo/{commit}/")
+    assert [t.path for t in trees] == ["chart-src/demo/1.0.0", "chart-src/extra/2.0.0"]
+    assert trees[1] == tool.load_trees(lock)[0]
+    # Only pinned charts are kept: a chart unpinned since it was added leaves the lock.
+    entries, trees = tool.lock_from_mirror(mirror, {("demo", "1.0.0")}, tool.load_lock(lock), tool.load_trees(lock))
+    assert not [e.path for e in entries if "extra" in e.path] and [t.path for t in trees] == ["chart-src/demo/1.0.0"]
+
+
 @pytest.mark.parametrize(("name", "version", "url", "message"), [
     ("demo", "2.0.0", URL, r"Chart.yaml: declares demo 1.0.0, not demo 2.0.0"),
     ("../demo", "1.0.0", URL, r"a chart name is a DNS label"),
