@@ -10,20 +10,19 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import OWNED_STACKS
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.rules import notices
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import PROJECT, read_stack, render, settings_of
 
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
-
 
 def _stack(tmp_path: Path, edit: Any) -> Path:
     """A copy of the tests' own stack with `edit(config)` applied."""
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    document = yaml.safe_load((FIXTURES / "Pulumi.owned.yaml").read_text())
+    document = yaml.safe_load((OWNED_STACKS / "Pulumi.owned.yaml").read_text())
     edit(document["config"])
     (stacks / "Pulumi.owned.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
     return stacks
@@ -36,7 +35,7 @@ def _problems(stacks: Path) -> list[str]:
 
 
 def test_the_owned_stack_is_valid_and_quiet() -> None:
-    settings = settings_of(read_stack("owned", FIXTURES))
+    settings = settings_of(read_stack("owned", OWNED_STACKS))
     assert notices(settings) == []
 
 

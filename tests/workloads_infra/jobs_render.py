@@ -18,7 +18,7 @@ from trainyard.config import Settings, load_settings
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.runtime import STACKS_DIR, read_stack, render
 from trainyard.platform.context import PlatformContext, TenantFacts
 from trainyard.workloads import layer as workloads
 
@@ -68,8 +68,8 @@ def _entrypoint() -> None:
 
 
 @functools.cache
-def rendered(stack: str) -> Recording:
-    return render(read_stack(stack), entrypoint=_entrypoint)
+def rendered(stack: str, stacks_dir: Path = STACKS_DIR) -> Recording:
+    return render(read_stack(stack, stacks_dir), entrypoint=_entrypoint)
 
 
 def volcano_jobs(recording: Recording) -> dict[str, ResourceRecord]:

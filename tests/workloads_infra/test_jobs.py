@@ -1,4 +1,5 @@
-"""The workload layer's rendered objects for the prod and local stacks (platform double, see conftest)."""
+"""The workload layer's rendered objects (platform double, see jobs_render): one job of each kind in the stacks the
+tests own (fixed expectations), and every job of every stack in stacks/ (expectations that hold for any job)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from jobs_render import (
 )
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import available_stacks
 from trainyard.workloads.launch import (
     CONFIG_ERROR_EXIT_CODE,
     RDZV_LAST_CALL_TIMEOUT,
@@ -64,14 +66,14 @@ def _mebibytes(quantity: str) -> int:
     return int(quantity[:-2])
 
 
-# --- prod: the elastic pretraining job on the H100 EFA pool --------------------------------------------------
+# --- fleet: the elastic pretraining job on the H100 EFA pool --------------------------------------------------
 
-def test_elastic_gang_queue_priority_and_retries(prod: Recording) -> None:
-    spec = _job(prod, "pretrain-h100").inputs["spec"]
+def test_elastic_gang_queue_priority_and_retries(fleet: Recording) -> None:
+    spec = _job(fleet, "pretrain-h100").inputs["spec"]
     assert spec["schedulerName"] == "volcano"
     assert spec["queue"] == "foundation"
     assert spec["priorityClassName"] == PRIORITY_CLASS
-    assert _pod(_job(prod, "pretrain-h100"))["spec"]["priorityClassName"] == PRIORITY_CLASS
+    assert _pod(_job(fleet, "pretrain-h100"))["spec"]["priorityClassName"] == PRIORITY_CLASS
     assert spec["minAvailable"] == 2  # minNodes: the gang
     assert spec["tasks"][0]["replicas"] == 8  # maxNodes: autoscaling on, grows into free capacity
     assert spec["maxRetry"] >= 10
@@ -79,14 +81,14 @@ def test_elastic_gang_queue_priority_and_retries(prod: Recording) -> None:
     assert "--disable-network-policy=true" in spec["plugins"]["svc"]
 
 
-def test_elastic_without_autoscaling_keeps_its_minimum_size(prod: Recording) -> None:
-    spec = _job(prod, "finetune-h200").inputs["spec"]
+def test_elastic_without_autoscaling_keeps_its_minimum_size(fleet: Recording) -> None:
+    spec = _job(fleet, "finetune-h200").inputs["spec"]
     assert spec["minAvailable"] == 1 and spec["tasks"][0]["replicas"] == 1
-    assert "--nnodes=1:4" in _container(_job(prod, "finetune-h200"))["args"]
+    assert "--nnodes=1:4" in _container(_job(fleet, "finetune-h200"))["args"]
 
 
-def test_elastic_restart_policies_restart_only_the_lost_pod(prod: Recording) -> None:
-    spec = _job(prod, "pretrain-h100").inputs["spec"]
+def test_elastic_restart_policies_restart_only_the_lost_pod(fleet: Recording) -> None:
+    spec = _job(fleet, "pretrain-h100").inputs["spec"]
     # In order: the config-error exit code ends the job before the PodFailed policy could restart it; any other
     # failed pod (an evicted one turns Failed first) is recreated alone, never the whole gang.
     assert spec["policies"] == [
@@ -94,18 +96,18 @@ def test_elastic_restart_policies_restart_only_the_lost_pod(prod: Recording) -> 
         {"event": "PodFailed", "action": "RestartPod"},
     ]
     # Never: a non-zero exit fails the pod, the only time Volcano reads its exit code (no in-place restart).
-    assert _pod(_job(prod, "pretrain-h100"))["spec"]["restartPolicy"] == "Never"
+    assert _pod(_job(fleet, "pretrain-h100"))["spec"]["restartPolicy"] == "Never"
     assert spec["minSuccess"] == spec["minAvailable"]
 
 
 @pytest.mark.parametrize("job", ["pretrain-h100", "eval-mig", "smoke"])
 def test_launch_line_exits_with_the_final_code_on_a_config_error_before_torchrun(
-    prod: Recording, tmp_path: Path, job: str
+    fleet: Recording, tmp_path: Path, job: str
 ) -> None:
     """Run the rendered command itself: the config it names is not here, so the node agent must fail it with
     one line and the config-error code before any rendezvous (none could start here: the endpoint does not
     resolve, and the agent would say so instead)."""
-    container = _container(_job(prod, job))
+    container = _container(_job(fleet, job))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # A script, not a symlink: the venv's interpreter finds its site-packages (torch) through its own path.
@@ -127,8 +129,8 @@ def _config_name(container: dict[str, Any]) -> str:
     return str(args[args.index("--config") + 1]).rsplit("/", 1)[1]
 
 
-def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> None:
-    container = _container(_job(prod, "pretrain-h100"))
+def test_torchrun_elastic_command_has_explicit_rendezvous(fleet: Recording) -> None:
+    container = _container(_job(fleet, "pretrain-h100"))
     assert container["command"] == ["sh", "-c", TRAINER_ELASTIC_WRAPPER, "torchrun"]
     # The wrapper only adds is_host for worker 0 and execs the trainer's node agent with the container args.
     script = shlex.split(container["command"][2].split("exec ", 1)[1])
@@ -147,8 +149,8 @@ def test_torchrun_elastic_command_has_explicit_rendezvous(prod: Recording) -> No
     assert "run_dir=/checkpoints" in module
 
 
-def test_gpu_and_efa_resources_are_requested_and_limited(prod: Recording) -> None:
-    resources = _container(_job(prod, "pretrain-h100"))["resources"]
+def test_gpu_and_efa_resources_are_requested_and_limited(fleet: Recording) -> None:
+    resources = _container(_job(fleet, "pretrain-h100"))["resources"]
     assert resources["requests"] == resources["limits"]  # Guaranteed QoS
     assert resources["limits"]["nvidia.com/gpu"] == "8"
     assert resources["limits"]["vpc.amazonaws.com/efa"] == "32"  # p5.48xlarge's EFA interfaces
@@ -160,46 +162,46 @@ def test_gpu_and_efa_resources_are_requested_and_limited(prod: Recording) -> Non
     assert 0.8 * p5.memory_gib * GIB <= memory < p5.memory_gib * GIB
 
 
-def test_efa_env_only_on_efa_pools(prod: Recording) -> None:
-    efa_env = _env(_job(prod, "pretrain-h100"))
+def test_efa_env_only_on_efa_pools(fleet: Recording) -> None:
+    efa_env = _env(_job(fleet, "pretrain-h100"))
     assert efa_env["FI_PROVIDER"] == "efa"
     # NCCL must use the EFA plugin or fail, never fall back to TCP sockets unnoticed.
     assert efa_env["NCCL_NET"] == "Libfabric"
     for name in ("eval-mig", "smoke"):
-        env = _env(_job(prod, name))
+        env = _env(_job(fleet, name))
         assert not {k for k in env if k.startswith(("FI_", "NCCL_"))}, name
-        assert "vpc.amazonaws.com/efa" not in _container(_job(prod, name))["resources"]["limits"]
+        assert "vpc.amazonaws.com/efa" not in _container(_job(fleet, name))["resources"]["limits"]
 
 
-def test_gpu_toleration_and_pool_selector(prod: Recording) -> None:
-    spec = _pod(_job(prod, "pretrain-h100"))["spec"]
+def test_gpu_toleration_and_pool_selector(fleet: Recording) -> None:
+    spec = _pod(_job(fleet, "pretrain-h100"))["spec"]
     assert spec["nodeSelector"] == {"trainyard.io/pool": "h100"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
 
 
-def test_pods_of_a_multi_node_job_share_a_zone(prod: Recording) -> None:
-    (term,) = _pod(_job(prod, "pretrain-h100"))["spec"]["affinity"]["podAffinity"][
+def test_pods_of_a_multi_node_job_share_a_zone(fleet: Recording) -> None:
+    (term,) = _pod(_job(fleet, "pretrain-h100"))["spec"]["affinity"]["podAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "topology.kubernetes.io/zone"
     assert term["labelSelector"]["matchLabels"] == {"trainyard.io/job": "pretrain-h100"}
-    assert _pod(_job(prod, "pretrain-h100"))["metadata"]["labels"]["trainyard.io/job"] == "pretrain-h100"
-    assert "affinity" not in _pod(_job(prod, "eval-mig"))["spec"]
+    assert _pod(_job(fleet, "pretrain-h100"))["metadata"]["labels"]["trainyard.io/job"] == "pretrain-h100"
+    assert "affinity" not in _pod(_job(fleet, "eval-mig"))["spec"]
 
 
-def test_checkpoint_claim_is_rwx_cephfs_and_protected(prod: Recording) -> None:
-    claim = next(r for r in _of_type(prod, "kubernetes:core/v1:PersistentVolumeClaim")
+def test_checkpoint_claim_is_rwx_cephfs_and_protected(fleet: Recording) -> None:
+    claim = next(r for r in _of_type(fleet, "kubernetes:core/v1:PersistentVolumeClaim")
                  if r.inputs["metadata"]["name"] == "pretrain-h100-checkpoints")
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
     assert claim.inputs["spec"]["storageClassName"] == CEPHFS_CLASS
     assert claim.inputs["spec"]["resources"]["requests"]["storage"] == "2Ti"
     assert claim.protect and claim.retain_on_delete
-    assert claim.urn in _job(prod, "pretrain-h100").depends_on
+    assert claim.urn in _job(fleet, "pretrain-h100").depends_on
 
 
-def test_volumes_checkpoints_dataset_read_only_and_shm(prod: Recording) -> None:
-    pod = _pod(_job(prod, "pretrain-h100"))["spec"]
+def test_volumes_checkpoints_dataset_read_only_and_shm(fleet: Recording) -> None:
+    pod = _pod(_job(fleet, "pretrain-h100"))["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    mounts = {m["name"]: m for m in _container(_job(prod, "pretrain-h100"))["volumeMounts"]}
+    mounts = {m["name"]: m for m in _container(_job(fleet, "pretrain-h100"))["volumeMounts"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "pretrain-h100-checkpoints"
     assert mounts["checkpoints"]["mountPath"] == "/checkpoints" and not mounts["checkpoints"].get("readOnly")
     assert volumes["dataset"]["persistentVolumeClaim"] == {"claimName": DATASET_CLAIM, "readOnly": True}
@@ -211,20 +213,20 @@ def test_volumes_checkpoints_dataset_read_only_and_shm(prod: Recording) -> None:
     assert mounts["trainer-config"]["mountPath"] == "/etc/trainyard"
 
 
-def test_trainer_config_map_carries_the_config_file(prod: Recording) -> None:
-    config_map = next(r for r in _of_type(prod, "kubernetes:core/v1:ConfigMap")
+def test_trainer_config_map_carries_the_config_file(fleet: Recording) -> None:
+    config_map = next(r for r in _of_type(fleet, "kubernetes:core/v1:ConfigMap")
                       if r.inputs["metadata"]["name"] == "pretrain-h100-trainer-config")
     text = (REPO_ROOT / "workloads" / "configs" / "gpt-small.yaml").read_text(encoding="utf-8")
     assert config_map.inputs["data"] == {"gpt-small.yaml": text}
     assert config_map.inputs["metadata"]["namespace"] == "foundation"
 
 
-def test_grace_periods_are_ordered(prod: Recording) -> None:
+def test_grace_periods_are_ordered(fleet: Recording) -> None:
     for name in ("pretrain-h100", "eval-mig", "smoke"):
-        pod = _pod(_job(prod, name))
-        trainer_grace = int(next(a for a in _container(_job(prod, name))["args"]
+        pod = _pod(_job(fleet, name))
+        trainer_grace = int(next(a for a in _container(_job(fleet, name))["args"]
                                  if a.startswith("shutdown.grace_period_s=")).split("=")[1])
-        torchrun_grace = int(next(a for a in _container(_job(prod, name))["args"]
+        torchrun_grace = int(next(a for a in _container(_job(fleet, name))["args"]
                                   if a.startswith("--shutdown-timeout=")).split("=")[1])
         assert trainer_grace == 100  # checkpointGraceSeconds default
         # trainer checkpoints < torchrun waits for it < kubelet's SIGKILL
@@ -234,44 +236,44 @@ def test_grace_periods_are_ordered(prod: Recording) -> None:
         assert pod["spec"]["serviceAccountName"] == "trainer"
 
 
-def test_shm_fits_in_the_memory_limit(prod: Recording) -> None:
+def test_shm_fits_in_the_memory_limit(fleet: Recording) -> None:
     for name, shm_gib in (("pretrain-h100", 64), ("eval-mig", 4)):
-        memory = _mebibytes(_container(_job(prod, name))["resources"]["limits"]["memory"])
+        memory = _mebibytes(_container(_job(fleet, name))["resources"]["limits"]["memory"])
         assert memory * 2**20 > shm_gib * GIB
 
 
-def test_pod_monitor_scrapes_metrics_port_after_monitoring(prod: Recording) -> None:
-    monitor = next(r for r in _of_type(prod, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
+def test_pod_monitor_scrapes_metrics_port_after_monitoring(fleet: Recording) -> None:
+    monitor = next(r for r in _of_type(fleet, "kubernetes:monitoring.coreos.com/v1:PodMonitor")
                    if r.inputs["metadata"]["name"] == "pretrain-h100-trainer")
     assert monitor.inputs["spec"]["selector"]["matchLabels"] == {"trainyard.io/job": "pretrain-h100"}
     assert monitor.inputs["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    assert _urn_of(prod, "trainyard:test:Monitoring", "monitoring") in monitor.depends_on
-    ports = {p["name"]: p["containerPort"] for p in _container(_job(prod, "pretrain-h100"))["ports"]}
-    assert ports["metrics"] == 9108 and _env(_job(prod, "pretrain-h100"))["TRAINYARD_METRICS_PORT"] == "9108"
+    assert _urn_of(fleet, "trainyard:test:Monitoring", "monitoring") in monitor.depends_on
+    ports = {p["name"]: p["containerPort"] for p in _container(_job(fleet, "pretrain-h100"))["ports"]}
+    assert ports["metrics"] == 9108 and _env(_job(fleet, "pretrain-h100"))["TRAINYARD_METRICS_PORT"] == "9108"
 
 
-def test_jobs_wait_for_tenant_and_volcano(prod: Recording) -> None:
-    volcano = _urn_of(prod, "trainyard:test:Volcano", "volcano")
+def test_jobs_wait_for_tenant_and_volcano(fleet: Recording) -> None:
+    volcano = _urn_of(fleet, "trainyard:test:Volcano", "volcano")
     for name, tenant in (("pretrain-h100", "foundation"), ("eval-mig", "eval"), ("smoke", "research")):
-        depends_on = _job(prod, name).depends_on
+        depends_on = _job(fleet, name).depends_on
         assert volcano in depends_on
-        assert _urn_of(prod, "trainyard:test:TenantReady", tenant) in depends_on
+        assert _urn_of(fleet, "trainyard:test:TenantReady", tenant) in depends_on
 
 
-def test_components_parent_their_resources(prod: Recording) -> None:
+def test_components_parent_their_resources(fleet: Recording) -> None:
     kinds = {"pretrain-h100": "ElasticTrainingJob", "eval-mig": "MigTrainingJob", "smoke": "SmokeTrainingJob"}
     for name, kind in kinds.items():
-        parent = _urn_of(prod, f"trainyard:workloads:{kind}", name)
-        assert _job(prod, name).parent == parent
-        owned = {r.type for r in prod.resources if r.parent == parent}
+        parent = _urn_of(fleet, f"trainyard:workloads:{kind}", name)
+        assert _job(fleet, name).parent == parent
+        owned = {r.type for r in fleet.resources if r.parent == parent}
         assert {"kubernetes:core/v1:ConfigMap", "kubernetes:core/v1:PersistentVolumeClaim",
                 "kubernetes:batch.volcano.sh/v1alpha1:Job", "kubernetes:monitoring.coreos.com/v1:PodMonitor"} <= owned
 
 
-# --- prod: MIG and smoke jobs ------------------------------------------------------------------------------
+# --- fleet: MIG and smoke jobs ------------------------------------------------------------------------------
 
-def test_mig_job_requests_one_slice_on_the_mig_pool(prod: Recording) -> None:
-    record = _job(prod, "eval-mig")
+def test_mig_job_requests_one_slice_on_the_mig_pool(fleet: Recording) -> None:
+    record = _job(fleet, "eval-mig")
     resources = _container(record)["resources"]
     assert resources["limits"]["nvidia.com/mig-2g.20gb"] == "1"
     assert resources["requests"] == resources["limits"]
@@ -287,8 +289,8 @@ def test_mig_job_requests_one_slice_on_the_mig_pool(prod: Recording) -> None:
     assert int(resources["limits"]["cpu"]) < INSTANCE_TYPES["p5.48xlarge"].vcpu // 8
 
 
-def test_smoke_job_is_a_short_single_node_run_that_fails_visibly(prod: Recording) -> None:
-    record = _job(prod, "smoke")
+def test_smoke_job_is_a_short_single_node_run_that_fails_visibly(fleet: Recording) -> None:
+    record = _job(fleet, "smoke")
     container = _container(record)
     assert container["command"] == ["sh", "-c", SINGLE_NODE_WRAPPER, "torchrun"]
     assert container["args"][:4] == ["--standalone", "--nnodes=1", "--nproc-per-node=1", "--max-restarts=0"]
@@ -300,17 +302,17 @@ def test_smoke_job_is_a_short_single_node_run_that_fails_visibly(prod: Recording
     assert _pod(record)["spec"]["restartPolicy"] == "Never"
 
 
-# --- local: CPU only --------------------------------------------------------------------------------------
+# --- laptop: CPU only --------------------------------------------------------------------------------------
 
-def test_local_smoke_job_is_cpu_only(local: Recording) -> None:
-    record = _job(local, "smoke")
+def test_local_smoke_job_is_cpu_only(laptop: Recording) -> None:
+    record = _job(laptop, "smoke")
     pod = _pod(record)["spec"]
     container = _container(record)
     assert set(container["resources"]["limits"]) == {"cpu", "memory"}
     assert "tolerations" not in pod and "nodeSelector" not in pod and "affinity" not in pod
     assert not {k for k in _env(record) if k.startswith(("FI_", "NCCL_"))}
     assert "dataset" not in {v["name"] for v in pod["volumes"]}  # Alluxio is off locally
-    claim = next(r for r in _of_type(local, "kubernetes:core/v1:PersistentVolumeClaim"))
+    claim = next(r for r in _of_type(laptop, "kubernetes:core/v1:PersistentVolumeClaim"))
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert "storageClassName" not in claim.inputs["spec"]  # the cluster's default class
     assert claim.protect
@@ -318,7 +320,7 @@ def test_local_smoke_job_is_cpu_only(local: Recording) -> None:
 
 # --- every rendered Job against Volcano's CRD schema ----------------------------------------------------
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev", "local"])
+@pytest.mark.parametrize("stack", available_stacks())
 def test_every_job_validates_against_the_volcano_crd(stack: str) -> None:
     jobs = volcano_jobs(rendered(stack))
     assert jobs, f"stack {stack} renders no Volcano Job"
@@ -332,7 +334,7 @@ RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral"
                       "projected", "secret"}
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "local"])
+@pytest.mark.parametrize("stack", available_stacks())
 def test_training_pods_meet_pod_security_restricted(stack: str) -> None:
     for name, record in volcano_jobs(rendered(stack)).items():
         spec = _pod(record)["spec"]
