@@ -12,22 +12,25 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import OWNED_STACKS
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import PROJECT, StackFile, read_stack, render
+from trainyard.plan.runtime import PROJECT, STACKS_DIR, StackFile, available_stacks, read_stack, render
 
 Raw = dict[str, Any]
 
 
-def _raw(stack: str) -> Raw:
-    values = read_stack(stack).values
+def _raw(stack: str, stacks_dir: Path = STACKS_DIR) -> Raw:
+    values = read_stack(stack, stacks_dir).values
     return {k.split(":", 1)[1]: decode_value(v) for k, v in values.items()}
 
 
 @pytest.fixture(scope="module")
-def prod() -> Raw:
-    return _raw("prod")
+def fleet() -> Raw:
+    """The tests' own prod-environment stack (tests/fixtures/stacks/Pulumi.fleet.yaml): the cases name its keys by
+    index, so they are about this file, never about a sample stack."""
+    return _raw("fleet", OWNED_STACKS)
 
 
 def _pool(raw: Raw, name: str) -> dict[str, Any]:
@@ -59,7 +62,7 @@ def _delete(path: str) -> Callable[[Raw], None]:
     return apply
 
 
-# (id, mutation of the prod stack, key path that must be named, a fragment of the message)
+# (id, mutation of the fleet stack, key path that must be named, a fragment of the message)
 CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("typo-top-level", _set("nodePool", []), "trainyard:nodePool", "unknown key"),
     ("typo-pool-key", _set("nodePools[0].minsize", 1), "trainyard:nodePools[0].minsize", "allowed here"),
@@ -82,12 +85,12 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("duplicate-pool", lambda r: r["nodePools"].append(copy.deepcopy(r["nodePools"][2])), "trainyard:nodePools",
      "more than once"),
     ("mig-on-non-mig-gpu", lambda r: r["nodePools"].append({"name": "l4", "role": "gpu", "instanceTypes":
-     ["g6.xlarge"], "maxSize": 1, "migLayout": "all-1g"}), "trainyard:nodePools[8].migLayout", "do not support MIG"),
+     ["g6.xlarge"], "maxSize": 1, "migLayout": "all-1g"}), "trainyard:nodePools[6].migLayout", "do not support MIG"),
     ("unknown-mig-layout", _set("nodePools[5].migLayout", "all-9g"), "trainyard:nodePools[5].migLayout",
      "unknown MIG layout"),
     ("mig-on-system", _set("nodePools[0].migLayout", "all-1g"), "trainyard:nodePools[0].migLayout", "only 'gpu'"),
     ("efa-without-efa", lambda r: r["nodePools"].append({"name": "l4", "role": "gpu", "instanceTypes":
-     ["g6.xlarge"], "maxSize": 1, "efa": True}), "trainyard:nodePools[8].efa", "no EFA interface"),
+     ["g6.xlarge"], "maxSize": 1, "efa": True}), "trainyard:nodePools[6].efa", "no EFA interface"),
     ("gpu-min-not-zero", _set("nodePools[2].minSize", 1), "trainyard:nodePools[2].minSize", "scale from zero"),
     ("gpu-type-in-system", _set("nodePools[0].instanceTypes", ["p5.48xlarge"]), "trainyard:nodePools[0].instanceTypes",
      "may not use GPU"),
@@ -176,11 +179,11 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
 
 
 @pytest.mark.parametrize(("mutate", "path", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_config_is_named_by_key_path(prod: Raw, mutate: Callable[[Raw], None], path: str, fragment: str) -> None:
-    raw = copy.deepcopy(prod)
+def test_bad_config_is_named_by_key_path(fleet: Raw, mutate: Callable[[Raw], None], path: str, fragment: str) -> None:
+    raw = copy.deepcopy(fleet)
     mutate(raw)
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     lines = [line for line in str(caught.value).splitlines() if line.startswith(f"  - {path}:")]
     assert lines, f"{path} not named in:\n{caught.value}"
     assert any(fragment in line for line in lines), f"{fragment!r} not in {lines}"
@@ -190,35 +193,35 @@ def test_there_are_at_least_thirty_distinct_cases() -> None:
     assert len({c[0] for c in CASES}) == len(CASES) >= 30
 
 
-def test_every_problem_is_reported_at_once(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_every_problem_is_reported_at_once(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     for mutate in (_set("nodePools[1].minSize", 5), _set("network.vpcCidr", "10.0.0.0/8"),
                    _set("workloads[0].tenant", "nobody")):
         mutate(raw)
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     paths = {p.path for p in caught.value.problems}
     assert {"nodePools[1].minSize", "network.vpcCidr", "workloads[0].tenant"} <= paths
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "local"])
+@pytest.mark.parametrize("stack", available_stacks())
 def test_shipped_stacks_are_valid(stack: str) -> None:
     settings = parse_settings(PROJECT, stack, _raw(stack))
     assert settings.stack == stack
 
 
-def test_a_bad_stack_registers_no_resource(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_a_bad_stack_registers_no_resource(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     _set("nodePools[1].minSize", 5)(raw)
     values = {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     recording = Recording()
     with pytest.raises(ConfigError):
-        render(StackFile(stack="prod", values=values, secret_keys=()), recording=recording)
+        render(StackFile(stack="fleet", values=values, secret_keys=()), recording=recording)
     assert recording.resources == []
 
 
-def test_cli_reports_without_traceback(tmp_path: Path, prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_cli_reports_without_traceback(tmp_path: Path, fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     _set("nodePools[0].maxSize", 1)(raw)
     _set("nodePool", [])(raw)
     stacks = tmp_path / "stacks"
@@ -234,31 +237,31 @@ def test_cli_reports_without_traceback(tmp_path: Path, prod: Raw) -> None:
     assert "nothing was created" in result.stderr
 
 
-def test_a_malformed_value_does_not_hide_the_other_problems(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_a_malformed_value_does_not_hide_the_other_problems(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     for mutate in (_set("network.vpcCidr", "10.30.0.0/33"), _set("nodePool", []), _set("nodePools[1].minSize", 5),
                    _set("tenants[0].weight", 0)):
         mutate(raw)
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     assert sorted(p.path for p in caught.value.problems) == [
         "network.vpcCidr", "nodePool", "nodePools[1].minSize", "tenants[0].weight"]
 
 
-def test_a_malformed_value_without_default_stops_at_the_structure(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_a_malformed_value_without_default_stops_at_the_structure(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     _set("aws.region", "mars-1")(raw)
     _set("nodePools[1].minSize", 5)(raw)
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     # The region has no default to check the rest against, so only the structural problem is certain.
     assert [p.path for p in caught.value.problems] == ["aws.region"]
 
 
 @pytest.mark.parametrize("key", ["enabled", "repair"])
 def test_gpu_health_is_refused_on_the_local_stack(key: str) -> None:
-    raw = copy.deepcopy(_raw("local"))
+    raw = copy.deepcopy(_raw("laptop", OWNED_STACKS))
     raw["addons"]["gpuHealth"][key] = True
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "local", raw)
+        parse_settings(PROJECT, "laptop", raw)
     assert f"  - trainyard:addons.gpuHealth.{key}: must be false for target 'local'" in str(caught.value)
