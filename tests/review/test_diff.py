@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import subprocess
 from collections.abc import Iterable
@@ -11,21 +12,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from review_support import REPO_ROOT, rendered
+from owned_stacks import OWNED_STACKS
+from review_support import REPO_ROOT, STACKS, rendered
 from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.diff import StackRender, changed_paths, diff_stack, format_diff, render_tree
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import PROJECT, read_stack, render, settings_of
+
+FLEET = read_stack("fleet", OWNED_STACKS)  # the tests' own stack: the edits below name its pools
+# A sample stack to render in a fresh interpreter: a local one when stacks/ has one (no cloud layer: quickest).
+SAMPLE = next((s for s in STACKS if read_stack(s).values.get(f"{PROJECT}:target") == "local"), STACKS[0])
 
 
-def prod() -> StackRender:
-    pools = pool_capacity(settings_of(read_stack("prod")), load_mig_catalog())
-    return StackRender(resources=tuple(rendered("prod").resources), pools=tuple(pools))
+@functools.cache
+def _fleet_resources() -> tuple[ResourceRecord, ...]:
+    return tuple(render(FLEET).resources)
+
+
+def fleet() -> StackRender:
+    pools = pool_capacity(settings_of(FLEET), load_mig_catalog())
+    return StackRender(resources=_fleet_resources(), pools=tuple(pools))
 
 
 def test_same_render_has_no_changes() -> None:
-    assert diff_stack("prod", prod(), prod()).empty
+    assert diff_stack("fleet", fleet(), fleet()).empty
 
 
 def test_changed_paths_names_nested_keys_and_list_items() -> None:
@@ -35,7 +46,7 @@ def test_changed_paths_names_nested_keys_and_list_items() -> None:
 
 
 def test_added_changed_and_removed_resources() -> None:
-    base = prod()
+    base = fleet()
     resources = list(base.resources)
     release = next(r for r in resources if r.type == "kubernetes:helm.sh/v3:Release")
     inputs = copy.deepcopy(release.inputs)
@@ -44,18 +55,18 @@ def test_added_changed_and_removed_resources() -> None:
     added = dataclasses.replace(resources[0], urn=resources[0].urn + "-copy")
     resources = [dataclasses.replace(r, inputs=inputs, protect=not r.protect) if r.urn == release.urn else r
                  for r in resources] + [added]
-    diff = diff_stack("prod", base, dataclasses.replace(base, resources=tuple(resources)))
+    diff = diff_stack("fleet", base, dataclasses.replace(base, resources=tuple(resources)))
     assert diff.added == (added.urn,)
     assert diff.removed == (removed.urn,)
     assert diff.changed == {release.urn: ("version", "options.protect")}
 
 
 def test_pool_deltas_and_cost() -> None:
-    base = prod()
+    base = fleet()
     gpu = next(p for p in base.pools if p.gpus_per_node)
     grown = dataclasses.replace(gpu, desired_nodes=gpu.desired_nodes + 2)
     head = dataclasses.replace(base, pools=tuple(grown if p.name == gpu.name else p for p in base.pools))
-    diff = diff_stack("prod", base, head)
+    diff = diff_stack("fleet", base, head)
     [delta] = diff.pools
     assert (delta.name, delta.nodes, delta.gpus, delta.slices) == (
         gpu.name, 2, 2 * gpu.gpus_per_node, 2 * gpu.slices_per_node)
@@ -67,9 +78,9 @@ def test_pool_deltas_and_cost() -> None:
 
 
 def test_new_stack_is_all_additions() -> None:
-    diff = diff_stack("prod", StackRender(exists=False), prod())
-    assert len(diff.added) == len(prod().resources) and not diff.removed
-    assert sum(p.nodes for p in diff.pools) == sum(p.desired_nodes for p in prod().pools)
+    diff = diff_stack("fleet", StackRender(exists=False), fleet())
+    assert len(diff.added) == len(fleet().resources) and not diff.removed
+    assert sum(p.nodes for p in diff.pools) == sum(p.desired_nodes for p in fleet().pools)
 
 
 def test_render_tree_uses_the_trees_own_code(tmp_path: Path) -> None:
@@ -80,18 +91,18 @@ def test_render_tree_uses_the_trees_own_code(tmp_path: Path) -> None:
 
 
 def test_render_tree_matches_in_process_render() -> None:
-    [(name, render)] = render_tree(REPO_ROOT, ["local"]).items()
-    assert name == "local"
+    [(name, render)] = render_tree(REPO_ROOT, [SAMPLE]).items()
+    assert name == SAMPLE
     # Registration order varies with the event loop; the diff keys by URN, so compare in URN order.
     def as_json(resources: Iterable[ResourceRecord]) -> list[dict[str, Any]]:
         return [r.as_json() for r in sorted(resources, key=lambda r: r.urn)]
 
-    assert as_json(render.resources) == as_json(rendered("local").resources)
+    assert as_json(render.resources) == as_json(rendered(SAMPLE).resources)
 
 
 def _render_edited(edit: Any) -> StackRender:
-    """prod rendered with its nodePools edited in the stack file, as a reviewer's change would."""
-    stack = read_stack("prod")
+    """The fleet rendered with its nodePools edited in the stack file, as a reviewer's change would."""
+    stack = FLEET
     pools = json.loads(stack.values["trainyard:nodePools"])
     edit({p["name"]: p for p in pools})
     edited = dataclasses.replace(stack, values={**stack.values, "trainyard:nodePools": json.dumps(pools)})
@@ -105,13 +116,13 @@ def test_stack_edit_of_pool_size_and_mig_layout_shows_resources_gpus_slices_and_
         pools["h100"]["maxSize"] += 2  # raises the NodePool's GPU limit
         pools["h100-mig"]["migLayout"] = "balanced"  # 3 slices per GPU become 4
 
-    diff = diff_stack("prod", prod(), _render_edited(edit))
+    diff = diff_stack("fleet", fleet(), _render_edited(edit))
     node_pools = {urn.rsplit("::", 1)[-1]: paths for urn, paths in diff.changed.items()
                   if "karpenter.sh/v1:NodePool" in urn}
     assert "spec.limits.nvidia.com/gpu" in node_pools["karpenter-h100-nodepool"]
     assert "spec.template.metadata.labels.nvidia.com/mig.config" in node_pools["karpenter-h100-mig-nodepool"]
     deltas = {d.name: d for d in diff.pools}
-    p5 = next(p for p in prod().pools if p.name == "h100")
+    p5 = next(p for p in fleet().pools if p.name == "h100")
     assert (deltas["h100"].nodes, deltas["h100"].gpus, deltas["h100"].slices) == (2, 16, 0)
     assert deltas["h100"].hourly_usd == pytest.approx(2 * p5.hourly_usd_per_node)
     assert (deltas["h100-mig"].nodes, deltas["h100-mig"].gpus, deltas["h100-mig"].slices) == (0, 0, 8 * (4 - 3))
