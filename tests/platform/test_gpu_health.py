@@ -10,33 +10,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from owned_stacks import OWNED_STACKS
 from trainyard import names
 from trainyard.cloud.context import PoolFacts
+from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES, GpuModel
 from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import StackFile, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.gpu_health import DCGM_IMAGE, KUBECTL_IMAGE, expectations
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "platform" / "gpu-health" / "gpu-health-check.sh"
-AWS_STACKS = ("dev", "staging", "prod")
 ADDON = "aws:eks/addon:Addon"
 
 
-def _with_addons(stack: str, **gpu_health: Any) -> StackFile:
-    base = read_stack(stack)
+def _admits(settings: Settings) -> bool:
+    return settings.is_aws and settings.addons.gpu_health.enabled and bool(settings.pools("gpu"))
+
+
+# A stack is (name, folder): the tests' own fleet stack, whose pools the fixed expectations name, or a sample stack.
+Stack = tuple[str, Path]
+FLEET: Stack = ("fleet", OWNED_STACKS)
+# The fleet and every sample stack that admits GPU nodes: the checks that hold for any such stack run on each.
+ADMITTING = [pytest.param(stack, id=stack[0]) for stack in [
+    FLEET, *((name, STACKS_DIR) for name in available_stacks() if _admits(settings_of(read_stack(name))))]]
+
+
+def _with_addons(stack: Stack, **gpu_health: Any) -> StackFile:
+    base = read_stack(*stack)
     addons = json.loads(base.values.get("trainyard:addons", "{}"))
     addons["gpuHealth"] = {**addons.get("gpuHealth", {}), **gpu_health}
-    return StackFile(stack=stack, values={**base.values, "trainyard:addons": json.dumps(addons)},
+    return StackFile(stack=base.stack, values={**base.values, "trainyard:addons": json.dumps(addons)},
                      secret_keys=base.secret_keys)
 
 
 @cache
-def _recording(stack: str, enabled: bool = True, repair: bool = True) -> Recording:
+def _recording(stack: Stack, enabled: bool = True, repair: bool = True) -> Recording:
     if enabled and repair:
-        return render(read_stack(stack))
+        return render(read_stack(*stack))
     return render(_with_addons(stack, enabled=enabled, repair=repair))
 
 
@@ -60,8 +73,8 @@ def _daemonset(recording: Recording) -> dict[str, Any]:
     return _objects(recording, "DaemonSet")["gpu-health-check"]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_gpu_node_pool_starts_tainted_until_the_check_passes(stack: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_every_gpu_node_pool_starts_tainted_until_the_check_passes(stack: Stack) -> None:
     pools = _node_pools(_recording(stack))
     assert pools
     for name, pool in pools.items():
@@ -69,8 +82,8 @@ def test_every_gpu_node_pool_starts_tainted_until_the_check_passes(stack: str) -
         assert {"key": "trainyard.io/gpu-health", "value": "pending", "effect": "NoSchedule"} in startup, name
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_the_check_runs_on_gpu_nodes_not_yet_admitted_and_tolerates_their_taints(stack: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_the_check_runs_on_gpu_nodes_not_yet_admitted_and_tolerates_their_taints(stack: Stack) -> None:
     spec = _daemonset(_recording(stack))["spec"]["template"]["spec"]
     (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "trainyard.io/role", "operator": "In", "values": ["gpu"]} in term["matchExpressions"]
@@ -86,17 +99,21 @@ def test_the_check_runs_on_gpu_nodes_not_yet_admitted_and_tolerates_their_taints
     assert images == [KUBECTL_IMAGE, DCGM_IMAGE, KUBECTL_IMAGE]
 
 
-@pytest.mark.parametrize(("stack", "level"), [("dev", "1"), ("staging", "2"), ("prod", "2")])
-def test_the_stack_sets_the_diagnostic_level_and_thresholds(stack: str, level: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_the_stack_sets_the_diagnostic_level_and_thresholds(stack: Stack) -> None:
+    settings = settings_of(read_stack(*stack)).addons.gpu_health
     spec = _daemonset(_recording(stack))["spec"]["template"]["spec"]
     for container in (*spec["initContainers"], *spec["containers"]):
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["DIAG_LEVEL"] == level
-        assert env["MIN_MEMORY_PERCENT"] == "90" and env["WAIT_SECONDS"] == "1800"
+        assert env["DIAG_LEVEL"] == str(settings.diag_level)
+        assert env["MIN_MEMORY_PERCENT"] == str(settings.min_memory_percent)
+        assert env["WAIT_SECONDS"] == str(settings.wait_minutes * 60)
+    if stack == FLEET:  # the level it sets, the defaults it leaves
+        assert (settings.diag_level, settings.min_memory_percent, settings.wait_minutes) == (2, 90, 30)
 
 
 def test_only_the_probe_is_privileged() -> None:
-    spec = _daemonset(_recording("prod"))["spec"]["template"]["spec"]
+    spec = _daemonset(_recording(FLEET))["spec"]["template"]["spec"]
     by_name = {c["name"]: c for c in (*spec["initContainers"], *spec["containers"])}
     assert by_name["probe"]["securityContext"] == {"privileged": True}
     for name in ("wait", "admit"):
@@ -106,7 +123,7 @@ def test_only_the_probe_is_privileged() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    recording = _recording("prod")
+    recording = _recording(FLEET)
     roles = _objects(recording, "ClusterRole")
     assert roles["gpu-health-check"]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
@@ -124,9 +141,9 @@ def test_rbac_is_least_privilege() -> None:
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_the_reaper_bounds_failed_and_stuck_nodes_as_the_stack_says(stack: str) -> None:
-    settings = settings_of(read_stack(stack)).addons.gpu_health
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_the_reaper_bounds_failed_and_stuck_nodes_as_the_stack_says(stack: Stack) -> None:
+    settings = settings_of(read_stack(*stack)).addons.gpu_health
     cron = _objects(_recording(stack), "CronJob")["gpu-health-reaper"]
     assert cron["metadata"]["namespace"] == "gpu-health" and cron["spec"]["concurrencyPolicy"] == "Forbid"
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -142,7 +159,7 @@ def test_the_reaper_bounds_failed_and_stuck_nodes_as_the_stack_says(stack: str) 
 
 
 def test_the_reaper_follows_its_settings() -> None:
-    recording = render(_with_addons("dev", stuckMinutes=90, failedHoldHours=0, maxFailedNodesPerPool=0))
+    recording = render(_with_addons(FLEET, stuckMinutes=90, failedHoldHours=0, maxFailedNodesPerPool=0))
     (container,) = _objects(recording, "CronJob")["gpu-health-reaper"]["spec"]["jobTemplate"]["spec"]["template"][
         "spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -150,7 +167,7 @@ def test_the_reaper_follows_its_settings() -> None:
 
 
 def test_the_script_and_the_expectations_ship_verbatim() -> None:
-    data = _objects(_recording("prod"), "ConfigMap")["gpu-health-check"]["data"]
+    data = _objects(_recording(FLEET), "ConfigMap")["gpu-health-check"]["data"]
     assert data["gpu-health-check.sh"] == SCRIPT.read_text()
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
             if not line.startswith("#")}
@@ -166,12 +183,12 @@ def test_expectations_need_efa_only_on_efa_pools() -> None:
         "p p4d.24xlarge 8 40960 0 balanced 1g.5gb=16,2g.10gb=8,3g.20gb=8 dcgm-health"
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_mig_partitioned_pools_are_admitted_without_the_diagnostic(stack: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_mig_partitioned_pools_are_admitted_without_the_diagnostic(stack: Stack) -> None:
     # dcgmi diag refuses MIG-partitioned GPUs (NVIDIA/DCGM v4.6.0 nvvs/src/Gpu.cpp IsMigModeDiagCompatible,
     # NvidiaValidationSuite.cpp BuildCommonGpusList): a pool whose layout partitions its GPUs must be checked by
     # DCGM health and its MIG devices, or none of its nodes is ever admitted.
-    settings = settings_of(read_stack(stack))
+    settings = settings_of(read_stack(*stack))
     mig = load_mig_catalog()
     data = _objects(_recording(stack), "ConfigMap")["gpu-health-check"]["data"]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
@@ -193,8 +210,8 @@ def test_the_script_uses_the_keys_the_component_and_karpenter_use() -> None:
     assert f"RESULT_LABEL={names.GPU_HEALTH_LABEL}\n" in text
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_operands_needed_before_admission_tolerate_the_startup_taint(stack: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_operands_needed_before_admission_tolerate_the_startup_taint(stack: Stack) -> None:
     values = _release(_recording(stack), "gpu-operator")["values"]
     startup = {"key": "trainyard.io/gpu-health", "operator": "Exists", "effect": "NoSchedule"}
     assert startup in values["daemonsets"]["tolerations"]
@@ -202,8 +219,8 @@ def test_operands_needed_before_admission_tolerate_the_startup_taint(stack: str)
     assert any(t.get("key") == "trainyard.io/gpu-health" for t in nfd)
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_repair_is_the_monitoring_agent_plus_karpenter_node_repair(stack: str) -> None:
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_repair_is_the_monitoring_agent_plus_karpenter_node_repair(stack: Stack) -> None:
     recording = _recording(stack)
     addons = {r.inputs["addonName"]: r.inputs for r in recording.resources if r.type == ADDON}
     agent = addons["eks-node-monitoring-agent"]
@@ -213,14 +230,14 @@ def test_repair_is_the_monitoring_agent_plus_karpenter_node_repair(stack: str) -
 
 
 def test_repair_off_drops_the_agent_and_the_feature_gate() -> None:
-    recording = _recording("dev", repair=False)
+    recording = _recording(FLEET, repair=False)
     assert "eks-node-monitoring-agent" not in {r.inputs["addonName"] for r in recording.resources if r.type == ADDON}
     assert _release(recording, "karpenter")["values"]["settings"]["featureGates"]["nodeRepair"] is False
     assert "gpu-health-check" in _objects(recording, "DaemonSet")
 
 
 def test_admission_off_leaves_no_taint_and_no_check() -> None:
-    recording = _recording("dev", enabled=False)
+    recording = _recording(FLEET, enabled=False)
     assert "gpu-health-check" not in _objects(recording, "DaemonSet")
     assert "gpu-health-reaper" not in _objects(recording, "CronJob")
     for pool in _node_pools(recording).values():
@@ -231,6 +248,6 @@ def test_admission_off_leaves_no_taint_and_no_check() -> None:
 
 
 def test_local_has_neither() -> None:
-    recording = _recording("local")
+    recording = _recording(("laptop", OWNED_STACKS))
     assert "gpu-health-check" not in _objects(recording, "DaemonSet")
     assert not [r for r in recording.resources if r.type == ADDON]
