@@ -16,11 +16,12 @@ from trainyard.cloud import layer as cloud
 from trainyard.config import load_settings
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 from trainyard.platform.karpenter import Karpenter, KarpenterArgs
 from trainyard.platform.kube import HelmChart
 
-AWS_STACKS = ("dev", "staging", "prod")
+# Every stack in stacks/ that targets AWS (users add and edit their own).
+AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)
 
 
 def cloud_and_karpenter() -> None:

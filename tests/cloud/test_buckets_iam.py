@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aws_plan import AWS_STACKS, of_type, one, plan, policy_documents
 from trainyard.plan.placeholders import ACCOUNT
-from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.runtime import read_stack, render, settings_of
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
@@ -74,13 +74,14 @@ def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
             assert not (wild_action and "*" in resources), f"{record.name}: {s}"
 
 
-def test_pod_identity_associations_use_shared_names() -> None:
-    rec = plan("prod")
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_pod_identity_associations_use_shared_names(stack: str) -> None:
+    rec = plan(stack)
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+    tenants = {(t.namespace_name, "trainer") for t in settings_of(read_stack(stack)).tenants}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
-                     ("kube-system", "cilium-operator"),
-                     ("foundation", "trainer"), ("research", "trainer"), ("eval", "trainer")}
+                     ("kube-system", "cilium-operator"), *tenants}
     for role in of_type(rec, "aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
         if trust["Principal"].get("Service") == "pods.eks.amazonaws.com":
