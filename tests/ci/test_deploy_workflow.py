@@ -13,11 +13,11 @@ import pytest
 import yaml
 from trainyard.plan.duration import longest_create_chain
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
-AWS_STACKS = ("dev", "staging", "prod")
+AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
 # AssumeRole's DurationSeconds can reach the role's MaxSessionDuration, at most 12 h (IAM UpdateRole docs).
 MAX_SESSION_SECONDS = 12 * 3600
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT, available_stacks, read_stack, settings_of
 
-AWS_STACKS = ("dev", "staging", "prod")
+AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
 
 
 def _raw(stack: str) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import json
 import pytest
 from review_support import rendered
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 
-AWS_STACKS = ("dev", "staging", "prod")
+AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
 
 
 def _provider_urns(recording: Recording, region: str) -> set[str]:
