@@ -251,3 +251,12 @@ def test_async_checkpoints_commit_in_the_background_on_two_ranks(tmp_path: Path)
     assert all("crc32" in read_commit(step_dir(run_dir / "checkpoints", s)) for s in (5, 10, 15, 20))
     resumed = run(run_dir, ["train.steps=22", *overrides]).events()
     assert [e for e in resumed if e["event"] == "start"][-1]["step"] == 20
+
+
+def test_an_async_save_in_flight_shares_no_group_with_the_training_thread(tmp_path: Path) -> None:
+    """A save every step, so step 1's is still writing (collectives on its own thread) when step 2's memory report
+    all-gathers: on one shared group the two threads' collectives cross and both ranks hang until the timeout."""
+    overrides = ["train.steps=4", "checkpoint.interval_steps=1", "checkpoint.async_save=true", "comm.timeout_s=30"]
+    events = run(tmp_path / "run", overrides).events()
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [1, 2, 3, 4]
+    assert [e["step"] for e in events if e["event"] == "memory"] == [2]

@@ -72,7 +72,11 @@ class Runtime:
     device_group: dist.ProcessGroup
     """Gradients (DDP) and per-step stats: NCCL on CUDA (the default group), gloo on CPU."""
     cpu_group: dist.ProcessGroup
-    """Gloo: checkpoint collectives (DCP, also from async save's background thread) and barriers."""
+    """Gloo: host-side collectives of the training thread (barriers, per-rank reports)."""
+    checkpoint_group: dist.ProcessGroup
+    """Gloo, the checkpointer's alone: `dcp.async_save` runs `save`, collectives included, on a thread of its
+    own (torch/distributed/checkpoint/state_dict_saver.py), and two threads sending on one group at once
+    mismatch their collectives (the memory report's all-gather against a save in flight hung until timeout)."""
 
 
 def init_distributed(env: DistEnv, timeout_s: float) -> Runtime:
@@ -94,8 +98,10 @@ def init_distributed(env: DistEnv, timeout_s: float) -> Runtime:
     # tensors in tests; on CUDA the default NCCL group is it (no second communicator's memory).
     device_group = dist.group.WORLD if device.type == "cuda" else dist.new_group(backend="gloo", timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+    checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     assert device_group is not None
-    return Runtime(env=env, device=device, device_group=device_group, cpu_group=cpu_group)
+    return Runtime(env=env, device=device, device_group=device_group, cpu_group=cpu_group,
+                   checkpoint_group=checkpoint_group)
 
 
 def destroy_distributed() -> None:

@@ -6,8 +6,8 @@ all-reduce on the device group carries the mean loss and the stop vote, so all r
 whichever of them was signalled. Reading that result is the step's only host synchronisation.
 
 Collectives always name their group (see distributed.Runtime): device tensors on ``device_group``, CPU
-ones (checkpoints, barriers) on ``cpu_group``, the layout's on its mesh groups. Nothing is sent on the default
-group implicitly.
+ones (barriers, reports) on ``cpu_group``, the checkpointer's on ``checkpoint_group`` (an async save sends from
+its own thread), the layout's on its mesh groups. Nothing is sent on the default group implicitly.
 
 Checkpoints hold model and optimizer state keyed by parameter name (parallel/engine.py), so a run resumes in any
 layout and at any world size. PowerSGD state (error feedback, warm-start factors, its step counter and RNG) is
@@ -145,7 +145,7 @@ class Trainer:
             cfg.checkpoint_dir,
             keep_last=cfg.checkpoint.keep_last,
             async_save=cfg.checkpoint.async_save,
-            group=rt.cpu_group,
+            group=rt.checkpoint_group,
             is_main=env.is_main,
         )
         self.stop = StopRequest(cfg.shutdown.grace_period_s)
