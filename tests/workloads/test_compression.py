@@ -62,8 +62,8 @@ def test_powersgd_on_gloo_over_one_bucket_is_refused(world_of_one: dist.ProcessG
 
 @pytest.mark.slow
 def test_the_trainer_refuses_powersgd_on_gloo_for_a_multi_bucket_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    launched = launch(tmp_path / "run", ["comm.hook=powersgd", "model.d_model=256", "train.steps=3"], nproc=1,
-                      torchrun=False)
+    # Two ranks: one data-parallel rank has no DDP and so no hook to refuse (the trainer logs comm_hook_unused).
+    launched = launch(tmp_path / "run", ["comm.hook=powersgd", "model.d_model=256", "train.steps=3"], nproc=2)
     assert launched.wait() == CONFIG_ERROR, launched.output()
     assert "config error: comm.hook: powersgd on gloo aborts" in launched.output()
 
