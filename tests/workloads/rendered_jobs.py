@@ -15,6 +15,8 @@ ConfigMap, and the job's `policies`. What stands in for the cluster:
 - The dataset: the job's claim shows the source's S3 prefix at `claim_subpath(...)` (Fluid's mount-path rule, from
   the rendered source and tenant Datasets), and the stack's dataset `<name>` under it, as `aws s3 sync DIR
   s3://<bucket>/datasets/<name>` puts it there; it is written with `prepare` (synthetic, at CPU sizes).
+- S3: a job whose env carries the checkpoint export (`TRAINYARD_CHECKPOINT_EXPORT`, AWS stacks) gets an
+  S3-compatible server on localhost (moto's server mode) with its bucket, and test credentials.
 - Size: CPU_OVERRIDES shrink the model and batch so a step takes milliseconds. Whether the real config is valid
   at every world size of the range is the plan's check (the trainer's own validation); this runner checks that
   the launch line, the mounts, the rendezvous and the exit codes work.
@@ -39,6 +41,7 @@ from trainyard.plan.runtime import read_stack, render, settings_of
 from trainyard.platform.alluxio import claim_subpath
 from trainyard_train.config import load_config
 from trainyard_train.data import generate_for
+from trainyard_train.export import EXPORT_ENV, ExportTarget
 from trainyard_train.progress import read_progress
 
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
@@ -47,9 +50,11 @@ DATASET = "kubernetes:data.fluid.io/v1alpha1:Dataset"
 # A model and batch a 2-core machine steps through in milliseconds, at any world size the samples use.
 CPU_OVERRIDES = (
     "model.vocab_size=64", "model.seq_len=16", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+    "model.n_kv_heads=2", "model.ffn_hidden=64",
     "train.global_batch_size=16", "train.micro_batch_size=1", "perf.compile=false", "perf.precision=fp32",
     "data.num_shards=2", "data.records_per_shard=32", "comm.timeout_s=60", "checkpoint.interval_steps=1",
 )
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 MAX_SAMPLED_NODES = 2  # node counts run per job: MIN and MAX of the range (the plan checks every size between)
 
 
@@ -154,14 +159,46 @@ class Cluster:
 
     job: RenderedJob
     root: Path
+    s3_endpoint: str | None = None
+    """An S3-compatible endpoint standing in for S3; required for a job that exports its checkpoints."""
     runs: int = field(default=0)
 
     def __post_init__(self) -> None:
+        if self.export_target is not None:
+            assert self.s3_endpoint, f"{self.job.stack}/{self.job.job.name} exports to S3: pass s3_endpoint"
+            region = self._env().get("AWS_REGION", "us-east-1")
+            location = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+            try:
+                self.s3().create_bucket(Bucket=self.export_target.bucket, **location)
+            except self.s3().exceptions.BucketAlreadyOwnedByYou:
+                pass  # a stack's jobs share its checkpoint bucket, each under its own prefix
         self.bin = self.root / "bin"
         self.bin.mkdir(parents=True, exist_ok=True)
         # The image's `python`: this interpreter (a script, so the venv's site-packages come along).
         (self.bin / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
         (self.bin / "python").chmod(0o755)
+
+    def _env(self) -> dict[str, str]:
+        """The container's rendered env."""
+        return {e["name"]: e["value"] for e in self.job.container.get("env", [])}
+
+    @property
+    def export_target(self) -> ExportTarget | None:
+        env = self._env()
+        return ExportTarget.from_env(env) if EXPORT_ENV in env else None
+
+    def s3(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.s3_endpoint, region_name=self._env().get("AWS_REGION"),
+                            **{k.lower(): v for k, v in S3_CREDENTIALS.items()})
+
+    def exported_keys(self) -> list[str]:
+        """Every object under the job's export prefix."""
+        assert self.export_target is not None
+        pages = self.s3().get_paginator("list_objects_v2").paginate(
+            Bucket=self.export_target.bucket, Prefix=self.export_target.prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def claim(self, name: str) -> Path:
         return self.root / "claims" / name
@@ -229,11 +266,13 @@ class Cluster:
         port = free_port()
         pods = []
         for node in range(nodes):
-            env = {e["name"]: e["value"] for e in self.job.container.get("env", [])}
+            env = self._env()
             env |= {"TRAINYARD_METRICS_PORT": str(free_port()), "VC_TASK_INDEX": str(node), "OMP_NUM_THREADS": "1",
                     "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(WORKLOADS),
                     "HOME": str(self.root / f"pod-{node}"), "LOGLEVEL": "INFO"}
             env["TMPDIR"] = str(self._mounts(node).get("/tmp", self.root / f"pod-{node}"))
+            if self.export_target is not None:
+                env |= {**S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3": str(self.s3_endpoint)}
             log = self.root / f"run-{self.runs}-pod-{node}.log"
             command = [*self.job.container["command"], *self._args(node, nodes, port, extra)]
             with open(log, "w") as handle:
