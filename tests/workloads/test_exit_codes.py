@@ -80,3 +80,13 @@ def test_a_diverging_loss_stops_the_run_with_one_line_and_no_checkpoint(tmp_path
     committed = [p for p in (run_dir / "checkpoints").glob("step-*") if (p / COMMIT).exists()]
     losses = [e["loss"] for e in launched.events() if e["event"] == "step"]
     assert len(committed) == len(losses)  # every finite step may be saved; the diverged one is not
+
+
+def test_a_model_no_node_can_hold_is_refused_by_the_workers_before_allocating(tmp_path: Path) -> None:
+    """Only the workers know the world size the planner's estimate needs: each refuses before its process group
+    and model exist (issue 24 #7), one line reaches the agent's output, exit 2 without a restart."""
+    launched = launch(tmp_path / "run", [f"model.d_model={2**40}"], max_restarts=3, env={"LOGLEVEL": "INFO"})
+    assert launched.wait() == CONFIG_ERROR, launched.output()
+    (line,) = config_error_lines(launched.output())
+    assert line.startswith("trainyard_train: config error: parallel: ddp2 needs ") and "at a world of 2, " in line
+    assert "will restart worker group" not in launched.output() and "Traceback" not in launched.output()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trainer_launch
-from trainyard_train.config import ConfigError, load_config, parse_config
+from trainyard_train.config import Config, ConfigError, load_config, parse_config
 from trainyard_train.exitcodes import CONFIG_ERROR as CONFIG_ERROR_EXIT_CODE
 from trainyard_train.loop import changed_keys
 
@@ -213,3 +213,77 @@ def test_a_broken_dataset_manifest_is_named_before_the_rendezvous(tmp_path: Path
     (tmp_path / "data" / "manifest.json").write_text(manifest)
     with pytest.raises(ConfigError, match=rf"^data.path: .*manifest.json:? .*{reason[:20]}"):
         check_command_line([f"run_dir={tmp_path}", "data.path=data", "data.generate=false"])
+
+
+# --- memory (issue 24 #7): the planner's estimate against what this node has, before anything is allocated ------
+
+def _cpu_need(cfg: Config, world_size: int) -> int:
+    from trainyard_train.planner import estimate
+
+    return estimate(cfg, world_size=world_size, local_world_size=world_size, device_type="cpu").total
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_config_the_host_cannot_hold_is_refused(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
+    """On CPU the node's processes share the host: all of them together must fit."""
+    from trainyard_train import preflight
+
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    cfg = load_config(CONFIGS / "tiny.yaml")
+    need = _cpu_need(cfg, world_size) * world_size
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: need)
+    preflight.check_memory(cfg, world_size=world_size, local_world_size=world_size, local_rank=0)
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: need - 1)
+    with pytest.raises(ConfigError, match=rf"^parallel: ddp{world_size} needs .* per process on CPU at a world of "
+                                          rf"{world_size}.*, more than the host's"):
+        preflight.check_memory(cfg, world_size=world_size, local_world_size=world_size, local_rank=0)
+
+
+def test_a_config_the_gpu_cannot_hold_is_refused_with_a_layout_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA each rank's estimate (its reserve included) against its own GPU, as torch.cuda.mem_get_info says."""
+    from trainyard_train import preflight
+    from trainyard_train.planner import estimate
+
+    cfg = load_config(CONFIGS / "gpt-small.yaml", ["train.micro_batch_size=32"])
+    need = estimate(cfg, world_size=8, local_world_size=8).total
+    gpu = {"total": need}
+    asked: list[int] = []
+
+    def mem_get_info(device: int) -> tuple[int, int]:
+        asked.append(device)
+        return 0, gpu["total"]
+
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(preflight.torch.cuda, "mem_get_info", mem_get_info)
+    preflight.check_memory(cfg, world_size=8, local_world_size=8, local_rank=5)
+    gpu["total"] = need - 1
+    with pytest.raises(ConfigError, match=r"^parallel: ddp8 needs .* per GPU at a world of 8, more than the GPU's "
+                                          r".*; a layout that fits: parallel\.data_parallel=ddp parallel\.ac=full"):
+        preflight.check_memory(cfg, world_size=8, local_world_size=8, local_rank=5)
+    assert asked == [5, 5]
+
+
+@pytest.mark.parametrize(("limit", "physical"), [("max\n", True), ("1073741824\n", False), (None, True)])
+def test_host_memory_is_the_cgroup_limit_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, limit: str | None, physical: bool
+) -> None:
+    import os
+
+    from trainyard_train import preflight
+
+    path = tmp_path / "memory.max"
+    if limit is not None:
+        path.write_text(limit)
+    monkeypatch.setattr(preflight, "CGROUP_MEMORY_MAX", path)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert preflight.host_memory_bytes() == (ram if physical else min(ram, 2**30))
+
+
+@pytest.mark.slow
+def test_an_absurd_model_is_one_line_and_exit_2_before_allocating(tmp_path: Path) -> None:
+    """d_model = 2^40: the old trainer died in the embedding's allocation ("Storage size calculation overflowed")."""
+    done = _trainer(tmp_path, "--config", str(CONFIGS / "tiny.yaml"), f"run_dir={tmp_path / 'run'}",
+                    f"model.d_model={2**40}")
+    assert done.returncode == CONFIG_ERROR_EXIT_CODE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainyard_train: config error: parallel: ddp1 needs "), done.stderr

@@ -3,15 +3,20 @@
 ``check`` is what the trainer runs first (train.py) and what the node agent runs before torchrun starts
 (agent.py): the config file, its keys, types and values, a writable run_dir, and a run_dir that holds no run
 of a different model. ``python -m trainyard_train.preflight TORCHRUN_ARGS...`` checks a job's command line
-without running it: exit 0, or one line naming the key on stderr and exit 2.
+without running it: exit 0, or one line naming the key on stderr and exit 2. Once the world size is known (each
+worker, before the process group), ``check_memory`` refuses a config the memory planner says cannot fit.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+import torch
 
 from .checkpoint import complete_checkpoints, read_commit
 from .config import Config, ConfigError, check_run_dir, load_config
@@ -19,12 +24,15 @@ from .data import MANIFEST, Manifest
 from .exitcodes import CONFIG_ERROR
 from .export import ExportTarget
 from .metrics import resolve_port
+from .planner import GiB, check_fits, estimate, layout_of
 from .validate import check_torchrun_command
 
 RUN_MODEL_KEY = "model"
 """The commit marker's copy of the model section: what a resumed run must match (loop.Trainer.save)."""
 TUNABLE_MODEL_KEYS = frozenset({"dropout"})
 """Model keys a resumed run may change: they shape no tensor."""
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+"""The container's memory limit, or "max" (https://docs.kernel.org/admin-guide/cgroup-v2.html, memory.max)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -81,6 +89,35 @@ def check_data(cfg: Config) -> None:
         Manifest.read(cfg.data_dir)
     elif not cfg.data.generate:
         raise ConfigError(f"data.path: {cfg.data_dir / MANIFEST} is missing and data.generate is false")
+
+
+def host_memory_bytes() -> int:
+    """The memory this node's processes share: physical RAM, or less under a cgroup limit (a pod's)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = CGROUP_MEMORY_MAX.read_text().strip()
+    except OSError:
+        return physical
+    return min(physical, int(limit)) if limit.isdigit() else physical
+
+
+def check_memory(cfg: Config, *, world_size: int, local_world_size: int, local_rank: int) -> None:
+    """A config the memory planner says cannot fit is refused before anything is allocated, instead of dying in
+    an allocation after the rendezvous (or, at absurd sizes, in a tensor-size overflow). On CUDA the busiest
+    rank's estimate, whose reserve covers the context and NCCL buffers, against the whole GPU as the platform's
+    plan does for a pool; on CPU the node's processes together against the host's memory."""
+    if torch.cuda.is_available():  # the device init_distributed picks
+        _, device_bytes = torch.cuda.mem_get_info(local_rank)
+        check_fits(cfg, world_size=world_size, local_world_size=local_world_size, device_memory_bytes=device_bytes)
+        return
+    need = estimate(cfg, world_size=world_size, local_world_size=local_world_size, device_type="cpu")
+    host = host_memory_bytes()
+    if need.total * local_world_size > host:
+        node = f", {need.total * local_world_size / GiB:.2f} GiB for this node's {local_world_size} processes" if (
+            local_world_size > 1) else ""
+        raise ConfigError(f"parallel: {layout_of(cfg, world_size).describe()} needs {need.describe()} per process "
+                          f"on CPU at a world of {world_size}{node}, more than the host's {host / GiB:.2f} GiB; a "
+                          "smaller model or train.micro_batch_size, or more nodes")
 
 
 def check(args: argparse.Namespace) -> Config:

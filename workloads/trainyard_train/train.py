@@ -20,7 +20,7 @@ from .exitcodes import CONFIG_ERROR
 from .export import CheckpointExport, ExportTarget, ExportWatcher
 from .logs import kv, setup_logging
 from .loop import Trainer
-from .preflight import check, check_resumable, config_error_line, parse_args
+from .preflight import check, check_memory, check_resumable, config_error_line, parse_args
 from .signals import final_exit
 from .validate import check_launch
 
@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = check(args)
         # The layout against this world (torchrun's environment), before any process group exists.
         check_launch(cfg, world_size=env.world_size, local_world_size=env.local_world_size)
+        check_memory(cfg, world_size=env.world_size, local_world_size=env.local_world_size, local_rank=env.local_rank)
     except ConfigError as exc:
         return final_exit(CONFIG_ERROR, config_error_line(exc))
     log = setup_logging(env.rank, env.world_size)
