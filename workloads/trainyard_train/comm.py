@@ -14,7 +14,8 @@ each rank's residual, the part of its gradient not yet sent, and add it to the n
 feedback: what one step drops, a later one sends). Their payloads cannot be summed in flight (each rank has its own
 scale, or its own indices), so each rank's payload is all-gathered and decoded by everyone: per bucket of n values,
 QSGD sends n signed bytes plus a float32 norm per 512 values (about 4x less than all-reduce), top-k 8 bytes per
-kept value (k = ratio x n). The residuals are rank-local and start from zero after a resume.
+kept value (k = ratio x n). The residuals are rank-local, kept per parameter, and checkpointed with each rank's
+state like PowerSGD's (loop.py restores them when the layout and world size are unchanged).
 
 PowerSGD on gloo aborts the process (SIGABRT) once the gradients fill more than one DDP bucket
 (pytorch/pytorch#58467; reproduced with torch 2.13: a model over DDP's 1 MiB first bucket dies at the first
@@ -82,15 +83,15 @@ def powersgd_bucket_bytes(state: powerSGD_hook.PowerSGDState, bucket: dist.GradB
 
 def register_grad_hook(
     model: DistributedDataParallel, cfg: CommConfig, group: dist.ProcessGroup, seed: int
-) -> tuple[powerSGD_hook.PowerSGDState | None, GradCommMeter]:
-    """Register the configured hook; returns the PowerSGD state (to checkpoint) or None, and the meter."""
+) -> tuple[HookState | None, GradCommMeter]:
+    """Register the configured hook; returns its state (to checkpoint: hook_state_blob), None for DDP's own
+    all-reduce, and the meter."""
     if cfg.hook == "allreduce":
         # DDP's built-in reduction: the fastest path, nothing to register; every gradient goes once per step.
         return None, GradCommMeter(gradient_bytes(model.module))
     meter = GradCommMeter()
     if cfg.hook in ("qsgd", "topk"):
-        register_compression(model, cfg, group, meter)
-        return None, meter
+        return register_compression(model, cfg, group, meter), meter
     grad_bytes = gradient_bytes(model.module)
     if dist.get_backend(group) == "gloo" and grad_bytes > dist._DEFAULT_FIRST_BUCKET_BYTES:
         raise ConfigError(
@@ -120,7 +121,8 @@ def register_compression(
     model: DistributedDataParallel, cfg: CommConfig, group: dist.ProcessGroup, meter: GradCommMeter
 ) -> ErrorFeedback:
     """Register the QSGD or top-k hook; returns its state (the residuals)."""
-    feedback = ErrorFeedback(group, meter, levels=cfg.qsgd_levels, ratio=cfg.topk_ratio)
+    names = {id(p): name for name, p in model.module.named_parameters()}
+    feedback = ErrorFeedback(group, meter, names, levels=cfg.qsgd_levels, ratio=cfg.topk_ratio)
     hook = qsgd_hook if cfg.hook == "qsgd" else topk_hook
 
     def compressed(state: ErrorFeedback, bucket: dist.GradBucket) -> Any:
@@ -131,33 +133,59 @@ def register_compression(
     return feedback
 
 
-def powersgd_state_blob(state: powerSGD_hook.PowerSGDState) -> dict[str, Any]:
-    """The hook's own serializable state (error feedback, warm-start P/Q, iter, RNG), minus the group."""
+def hook_state_blob(state: HookState) -> dict[str, Any]:
+    """A hook's serializable, rank-local state: QSGD's or top-k's residuals; PowerSGD's own slots (error feedback,
+    warm-start P/Q, iter, RNG) minus the group."""
+    if isinstance(state, ErrorFeedback):
+        return {name: residual.clone() for name, residual in state.residuals.items()}  # not the bucket's storage
     return {slot: getattr(state, slot) for slot in state.__slots__ if slot != "process_group"}
 
 
-def restore_powersgd_state(state: powerSGD_hook.PowerSGDState, blob: dict[str, Any]) -> None:
+def restore_hook_state(state: HookState, blob: dict[str, Any]) -> None:
     """In place, so the hook already registered with DDP keeps its object and its process group."""
+    if isinstance(state, ErrorFeedback):
+        state.residuals = dict(blob)
+        return
     for slot, value in blob.items():
         setattr(state, slot, value)
 
 
 class ErrorFeedback:
-    """A compression hook's state: each bucket's residual (keyed by bucket index; DDP rebuilds its buckets after the
-    first step, so a residual whose shape no longer matches starts over) and what the payload is sized by."""
+    """A compression hook's state: each parameter's residual, keyed by its name (not by bucket: DDP rebuilds its
+    buckets after the first step, and a resumed run starts from the initial ones again), and what the payload is
+    sized by."""
 
-    def __init__(self, group: dist.ProcessGroup, meter: GradCommMeter, *, levels: int, ratio: float) -> None:
+    def __init__(self, group: dist.ProcessGroup, meter: GradCommMeter, names: dict[int, str], *, levels: int,
+                 ratio: float) -> None:
         self.group = group
         self.meter = meter
+        self.names = names
+        """id(parameter) -> its name in the DDP module."""
         self.levels = levels
         self.ratio = ratio
-        self.residuals: dict[int, torch.Tensor] = {}
+        self.residuals: dict[str, torch.Tensor] = {}
+
+    def _segments(self, bucket: dist.GradBucket) -> list[tuple[str, slice]]:
+        """Each parameter's name and its span of the flat bucket (its gradients lie there in this order)."""
+        spans, offset = [], 0
+        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            spans.append((self.names[id(param)], slice(offset, offset + grad.numel())))
+            offset += grad.numel()
+        return spans
 
     def corrected(self, bucket: dist.GradBucket) -> torch.Tensor:
-        """This step's gradient plus what earlier steps left unsent (float32)."""
-        grad = bucket.buffer().float()
-        residual = self.residuals.get(bucket.index())
-        return grad + residual if residual is not None and residual.shape == grad.shape else grad.clone()
+        """This step's gradient plus what earlier steps left unsent (float32, a copy)."""
+        x = bucket.buffer().to(torch.float32, copy=True)
+        for name, span in self._segments(bucket):
+            residual = self.residuals.get(name)
+            if residual is not None:
+                x[span] += residual
+        return x
+
+    def keep(self, bucket: dist.GradBucket, residual: torch.Tensor) -> None:
+        """What this step did not send, per parameter."""
+        for name, span in self._segments(bucket):
+            self.residuals[name] = residual[span]
 
     def gather(self, bucket: dist.GradBucket, payload: torch.Tensor,
                decode: Any) -> torch.futures.Future[torch.Tensor]:
@@ -177,6 +205,10 @@ class ErrorFeedback:
         return work.get_future().then(done)
 
 
+HookState = powerSGD_hook.PowerSGDState | ErrorFeedback
+"""What a registered hook keeps between steps, and what a checkpoint saves per rank."""
+
+
 QSGD_CHUNK = 512
 """Values per norm: QSGD quantizes buckets of d consecutive values, each against its own norm (the paper's d = 512
 in its experiments); one norm for a whole DDP bucket of millions of values would leave most of them at level 0."""
@@ -193,7 +225,7 @@ def qsgd_hook(state: ErrorFeedback, bucket: dist.GradBucket) -> torch.futures.Fu
     levels = torch.floor(scaled + torch.rand_like(scaled)).clamp_(max=state.levels)
     quantized = (levels * chunks.sign()).to(torch.int8)
     sent = (quantized.float() * (norms / state.levels)).flatten()[:n]
-    state.residuals[bucket.index()] = x - sent
+    state.keep(bucket, x - sent)
     count = norms.numel()
     payload = torch.cat([norms.flatten().view(torch.int8), quantized.flatten()])
 
@@ -215,7 +247,7 @@ def topk_hook(state: ErrorFeedback, bucket: dist.GradBucket) -> torch.futures.Fu
     values = x[indices]
     residual = x.clone()
     residual[indices] = 0
-    state.residuals[bucket.index()] = residual
+    state.keep(bucket, residual)
     payload = torch.cat([indices.to(torch.int32), values.view(torch.int32)])
 
     def decode(payloads: list[torch.Tensor]) -> torch.Tensor:

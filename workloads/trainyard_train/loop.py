@@ -10,11 +10,12 @@ ones (barriers, reports) on ``cpu_group``, the checkpointer's on ``checkpoint_gr
 its own thread), the layout's on its mesh groups. Nothing is sent on the default group implicitly.
 
 Checkpoints hold model and optimizer state keyed by parameter name (parallel/engine.py), so a run resumes in any
-layout and at any world size. PowerSGD state (error feedback, warm-start factors, its step counter and RNG) is
-rank-local. It is saved per rank and restored when the layout and world size are unchanged; otherwise it is
-re-initialized, because each residual belongs to one rank's share of the global batch and, with the batch split
-differently, no longer matches any rank's gradient stream. The fresh state runs ``powersgd_start_iter`` plain
-all-reduce steps again before compressing, which is the warm-up PowerSGD is designed around.
+layout and at any world size. A compression hook's state is rank-local: PowerSGD's (error feedback, warm-start
+factors, its step counter and RNG) and QSGD's or top-k's residuals (comm.py). It is saved per rank and restored when
+the layout, the world size and the hook are unchanged; otherwise it is re-initialized, because each residual
+belongs to one rank's share of the global batch and, with the batch split differently, no longer matches any rank's
+gradient stream. A fresh PowerSGD state runs ``powersgd_start_iter`` plain all-reduce steps again before
+compressing, which is the warm-up PowerSGD is designed around; fresh residuals start from zero, as at step 0.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from . import layout
 from .checkpoint import Checkpointer, CheckpointRef
-from .comm import GradCommMeter, powersgd_state_blob, register_grad_hook, restore_powersgd_state
+from .comm import GradCommMeter, hook_state_blob, register_grad_hook, restore_hook_state
 from .config import Config, ConfigError
 from .data import MANIFEST, GlobalOrder, ShardReader, StepLoader, generate_for
 from .distributed import Runtime
@@ -132,9 +133,9 @@ class Trainer:
         ]
         lr_factor = warmup_cosine(cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio)
         self.schedulers = [LambdaLR(optimizer, lr_factor) for optimizer in self.optimizers]
-        self.powersgd = None
+        self.hook_state = None
         if self.model.ddp is not None:
-            self.powersgd, self.meter = register_grad_hook(
+            self.hook_state, self.meter = register_grad_hook(
                 self.model.ddp, cfg.comm, rt.device_group, seed=cfg.train.seed
             )
         else:
@@ -174,7 +175,8 @@ class Trainer:
             blob = {
                 "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "powersgd": powersgd_state_blob(self.powersgd) if self.powersgd is not None else None,
+                "comm_hook": None if self.hook_state is None else (self.cfg.comm.hook,
+                                                                     hook_state_blob(self.hook_state)),
             }
             state["rank_local"] = {str(self.rt.env.rank): pickle.dumps(blob)}
         return state
@@ -223,15 +225,20 @@ class Trainer:
         if rank_local is None:
             # Another layout or world size: re-seed per rank from the step so the run stays reproducible.
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.step + self.rt.env.rank)
-            if self.powersgd is not None:
-                log.info(kv("powersgd_state_reinitialized", reason="layout or world size changed"))
+            if self.hook_state is not None:
+                log.info(kv(f"{self.cfg.comm.hook}_state_reinitialized", reason="layout or world size changed"))
             return
         blob = pickle.loads(rank_local[str(self.rt.env.rank)])
         torch.set_rng_state(blob["torch_rng"])
         if blob["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(blob["cuda_rng"])
-        if self.powersgd is not None and blob["powersgd"] is not None:
-            restore_powersgd_state(self.powersgd, blob["powersgd"])
+        if self.hook_state is None:
+            return
+        saved = blob.get("comm_hook")
+        if saved is not None and saved[0] == self.cfg.comm.hook:
+            restore_hook_state(self.hook_state, saved[1])
+        else:
+            log.info(kv(f"{self.cfg.comm.hook}_state_reinitialized", reason="the checkpoint has none of this hook's"))
 
     # -- training ---------------------------------------------------------------------------------
 
