@@ -455,6 +455,16 @@ def _allows_host(rule: Mapping[str, Any]) -> bool:
     return not ports or any(str(p.get("port")) == POD_IDENTITY_PORT for p in ports)
 
 
+def _all_pods_allowed_host(namespace: object, moment: Moment) -> bool:
+    """Whether a policy that selects every pod of the namespace allows the agent: Cilium adds up the allow rules
+    of all policies that select a pod (Policy Language, "Layer 3 Examples": policies are additive), so a narrower
+    policy's own egress rules take nothing away from it."""
+    return any(r.type == CILIUM_POLICY and lookup(r.inputs, "metadata.namespace") == namespace
+               and not lookup(r.inputs, "spec.endpointSelector")
+               and any(_allows_host(rule) for rule in lookup(r.inputs, "spec.egress") or ())
+               for r in moment.records.values())
+
+
 # The pod identity agent listens on the node (hostNetwork) at 169.254.170.23, which Cilium classifies as the
 # `host` entity, so a toCIDR rule for that address never matches and a default-deny egress policy drops the
 # credential fetch; allow it with toEntities: [host] (cilium/cilium issue 34387).
@@ -465,7 +475,7 @@ def pod_identity_reachable(record: ResourceRecord, moment: Moment) -> str | None
         return None
     users = sorted(str(r.inputs.get("serviceAccount")) for r in moment.records.values()
                    if r.type == POD_IDENTITY and r.inputs.get("namespace") == namespace)
-    if not users or any(_allows_host(rule) for rule in egress):
+    if not users or any(_allows_host(rule) for rule in egress) or _all_pods_allowed_host(namespace, moment):
         return None
     return (f"pods of {namespace} with EKS Pod Identity ({', '.join(users)}) cannot fetch credentials: egress to "
             f"169.254.170.23:{POD_IDENTITY_PORT} is the Cilium `host` entity and no rule allows toEntities host")
