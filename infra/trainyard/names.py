@@ -50,6 +50,17 @@ ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "default")
 # The fabric checks run in a namespace and queue of their own, not a tenant's (platform/tenants.py).
 FABRIC_CHECK_NAMESPACE = "trainyard-fabric-check"
 FABRIC_CHECK_QUEUE = "fabric-check"
+# Experiment tracking (platform/mlflow.py): the MLflow server's namespace, Service, port and account. Tenants reach it
+# at MLFLOW_TRACKING_URI; the cloud layer grants the account read access to the tenants' artifact prefixes.
+MLFLOW_NAMESPACE = "mlflow"
+MLFLOW_SERVICE = "mlflow"
+MLFLOW_PORT = 5000
+MLFLOW = ServiceAccountRef(MLFLOW_NAMESPACE, "mlflow")
+MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.local:{MLFLOW_PORT}"
+# Where a tenant's MLflow artifacts go, below its namespace prefix of the checkpoint bucket (the trainer role's).
+MLFLOW_ARTIFACT_DIR = "mlflow"
+# The ConfigMap every tenant namespace gets with the tracking URI and its artifact root (platform/mlflow.py).
+MLFLOW_CLIENT_CONFIG = "mlflow-client"
 # Namespace label naming the one Volcano queue the namespace's jobs may use (an admission policy enforces it).
 QUEUE_LABEL = "trainyard.io/queue"
 

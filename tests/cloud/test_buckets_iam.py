@@ -15,7 +15,8 @@ from trainyard.plan.runtime import read_stack, render, settings_of
 def test_every_bucket_and_key_protected_and_retained(stack: str) -> None:
     rec = plan(stack)
     stateful = of_type(rec, "aws:s3/bucket:Bucket") + of_type(rec, "aws:kms/key:Key")
-    assert len(stateful) == 5  # two buckets, their two keys, the EKS secrets key
+    # Two buckets, their two keys, the EKS secrets key, and the tracking database's key when MLflow is on.
+    assert len(stateful) == 5 + settings_of(read_stack(stack)).addons.mlflow.enabled
     for r in stateful:
         assert r.protect and r.retain_on_delete, r.name
 
@@ -77,11 +78,13 @@ def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
 @pytest.mark.parametrize("stack", AWS_STACKS)
 def test_pod_identity_associations_use_shared_names(stack: str) -> None:
     rec = plan(stack)
+    settings = settings_of(read_stack(stack))
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
-    tenants = {(t.namespace_name, "trainer") for t in settings_of(read_stack(stack)).tenants}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
-                     ("kube-system", "cilium-operator"), *tenants}
+                     ("kube-system", "cilium-operator"),
+                     *((t.namespace_name, "trainer") for t in settings.tenants),
+                     *([("mlflow", "mlflow")] if settings.addons.mlflow.enabled else [])}
     for role in of_type(rec, "aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
         if trust["Principal"].get("Service") == "pods.eks.amazonaws.com":

@@ -158,7 +158,7 @@ def test_launch_templates_imdsv2_encrypted_and_user_data(pool: str) -> None:
 
 def test_node_security_group_is_discoverable_and_self_referencing() -> None:
     rec = plan("prod")
-    sg = one(rec, "aws:ec2/securityGroup:SecurityGroup")
+    sg = one(rec, "aws:ec2/securityGroup:SecurityGroup", "eks-nodes")
     assert sg.inputs["tags"]["karpenter.sh/discovery"] == "trainyard-prod"
     sg_id = f"{sg.name}-id"
     ingress = of_type(rec, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")

@@ -175,6 +175,15 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "trainyard:addons.alluxio.memoryCache", "half of the smallest storage node"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
+    ("tracking-db-single-zone-in-prod", _set("addons.mlflow.database.multiAz", False),
+     "trainyard:addons.mlflow.database.multiAz", "second zone"),
+    ("tracking-db-max-below-storage", _set("addons.mlflow.database.storageGib", 200),
+     "trainyard:addons.mlflow.database.maxStorageGib", "below storageGib 200"),
+    ("tracking-db-instance-class", _set("addons.mlflow.database.instanceClass", "t4g.medium"),
+     "trainyard:addons.mlflow.database.instanceClass", "pattern"),
+    ("tracking-db-no-backups", _set("addons.mlflow.database.backupRetentionDays", 0),
+     "trainyard:addons.mlflow.database.backupRetentionDays", "greater than or equal to 1"),
+    ("mlflow-no-server", _set("addons.mlflow.replicas", 0), "trainyard:addons.mlflow.replicas", "greater than"),
 ]
 
 
@@ -265,3 +274,12 @@ def test_gpu_health_is_refused_on_the_local_stack(key: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_settings(PROJECT, "laptop", raw)
     assert f"  - trainyard:addons.gpuHealth.{key}: must be false for target 'local'" in str(caught.value)
+
+
+def test_local_tracking_needs_its_database_operator() -> None:
+    raw = copy.deepcopy(_raw("local"))
+    raw["addons"]["mlflow"] = {"enabled": True}
+    raw["addons"]["cloudnativePg"] = {"enabled": False}
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(PROJECT, "local", raw)
+    assert "  - trainyard:addons.cloudnativePg.enabled: MLflow's database on target 'local'" in str(caught.value)

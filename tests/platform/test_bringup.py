@@ -19,6 +19,7 @@ from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.plan.writers import HELM_RELEASE, release_of
+from trainyard.platform.tenants import DEFAULT_DENY_POLICY
 
 STACKS = available_stacks()
 AWS_STACKS = [s for s in STACKS if read_stack(s).values.get("trainyard:target") == "aws"]
@@ -131,10 +132,13 @@ def test_tenant_default_deny_lets_pods_reach_the_pod_identity_agent(stack: str) 
                 if r.type == "kubernetes:cilium.io/v2:CiliumNetworkPolicy"]
     assert policies
     for policy in policies:
-        rules = [rule for rule in policy["spec"]["egress"] if "host" in rule.get("toEntities", [])]
-        assert [rule["toPorts"] for rule in rules] == [[{"ports": [{"port": "80", "protocol": "TCP"}]}]]
-        assert not [rule for rule in policy["spec"]["egress"]
-                    if any(c.startswith("169.254.170.23") for c in rule.get("toCIDR", []))]
+        egress = policy["spec"].get("egress", [])
+        rules = [rule for rule in egress if "host" in rule.get("toEntities", [])]
+        # The default-deny policy carries the one allow; the others select fewer pods or only admit ingress.
+        expected = ([[{"ports": [{"port": "80", "protocol": "TCP"}]}]]
+                    if policy["metadata"]["name"] == DEFAULT_DENY_POLICY else [])
+        assert [rule["toPorts"] for rule in rules] == expected, policy["metadata"]
+        assert not [rule for rule in egress if any(c.startswith("169.254.170.23") for c in rule.get("toCIDR", []))]
 
 
 def test_every_mig_pool_of_every_stack_has_overlays_equal_to_its_layout() -> None:

@@ -23,6 +23,7 @@ from trainyard.platform.addon import Addon
 from trainyard.platform.gpu_operator import device_plugin_configs
 from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
 from trainyard.platform.registry import load_registry
+from trainyard.platform.tenants import DEFAULT_DENY_POLICY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS = available_stacks()
@@ -95,8 +96,11 @@ def test_efa_plugin_only_with_efa_pools(stack: str) -> None:
 def test_local_renders_kubernetes_network_policies() -> None:
     assert _objects("local", "CiliumNetworkPolicy") == []
     # Registration order is the asyncio scheduler's; compare as sorted lists.
-    assert sorted(o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")) == ["research"]
-    assert sorted(o["metadata"]["name"] for o in _objects("local", "Namespace")) == ["monitoring", "research"]
+    assert sorted(o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")
+                  if o["metadata"]["name"] == DEFAULT_DENY_POLICY) == ["research"]
+    tracking = ["mlflow"] if settings_of(read_stack("local")).addons.mlflow.enabled else []
+    assert sorted(o["metadata"]["name"] for o in _objects("local", "Namespace")) == sorted(
+        ["monitoring", "research", *tracking])
 
 
 def test_releases_use_catalogue_pins() -> None:
@@ -128,7 +132,8 @@ def test_cilium_reaches_the_api_server_of_its_cluster(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", ["prod", "staging"])
 def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
-    policies = {p["metadata"]["namespace"]: p["spec"] for p in _objects(stack, "CiliumNetworkPolicy")}
+    policies = {p["metadata"]["namespace"]: p["spec"] for p in _objects(stack, "CiliumNetworkPolicy")
+                if p["metadata"]["name"] == DEFAULT_DENY_POLICY}
     checks = {FABRIC_CHECK_NAMESPACE} if settings_of(read_stack(stack)).fabric_checked_pools else set()
     assert set(policies) == {t.get("namespace", t["name"]) for t in _tenants(stack)} | checks
     for namespace, spec in policies.items():
@@ -330,7 +335,11 @@ def test_grafana_password_never_in_clear(password: str | None) -> None:
     recording = _recording("local") if password is None else render(_with_grafana_password("local", password))
     values = {release_of(r)["chart"]: release_of(r)["values"] for r in recording.resources if r.type == HELM_RELEASE}
     admin = values["kube-prometheus-stack"]["grafana"]["admin"]
-    (secret,) = [manifest_of(r) for r in recording.resources if r.type == "kubernetes:core/v1:Secret"]
+    (grafana_namespace,) = [release_of(r)["namespace"] for r in recording.resources if r.type == HELM_RELEASE
+                            and release_of(r)["chart"] == "kube-prometheus-stack"]
+    (record,) = [r for r in recording.resources if r.type == "kubernetes:core/v1:Secret"
+                 and manifest_of(r)["metadata"]["namespace"] == grafana_namespace]
+    secret = manifest_of(record)
     assert admin == {"existingSecret": secret["metadata"]["name"], "userKey": "admin-user",
                      "passwordKey": "admin-password"}
     assert secret["stringData"] == {"admin-user": SECRET, "admin-password": SECRET}
@@ -338,7 +347,7 @@ def test_grafana_password_never_in_clear(password: str | None) -> None:
     if password is not None:
         assert password not in json.dumps([r.as_json() for r in recording.resources])
     else:
-        generated = [r.type for r in recording.resources if r.type.startswith("random:")]
+        generated = [r.type for r in recording.resources if r.type.startswith("random:") and r.urn in record.depends_on]
         assert generated == ["random:index/randomPassword:RandomPassword"]
 
 

@@ -113,17 +113,32 @@ def test_declared_chart_service_monitors_follow_monitoring(stack: str, monitorin
     assert checked > 0 or not any(addon.service_monitors for addon in enabled)
 
 
+def _component_type(recording: Recording, record: ResourceRecord) -> str:
+    """The `trainyard:platform:<Name>` component a resource belongs to."""
+    by_urn = recording.by_urn()
+    while record.parent is not None and not by_urn[record.parent].type.startswith("trainyard:"):
+        record = by_urn[record.parent]
+    return by_urn[record.parent].type if record.parent is not None else ""
+
+
 @pytest.mark.parametrize(("stack", "monitoring"), CASES)
 def test_declared_scrape_targets_get_a_service_monitor(stack: str, monitoring: bool) -> None:
+    """Monitoring creates a ServiceMonitor for exactly the declared scrape targets; every other one is made by an
+    add-on without charts (which has no chart switch to declare: catalogue.addons), and only with monitoring on."""
     recording = _recording(stack, monitoring)
-    objects = [manifest_of(r) for r in recording.resources if is_kubernetes_object(r)
-               and r.type.endswith(":ServiceMonitor")]
+    enabled = REGISTRY.enabled(_settings(stack, monitoring))
+    monitors = [r for r in recording.resources if is_kubernetes_object(r) and r.type.endswith(":ServiceMonitor")]
+    by_component: dict[str, list[ResourceRecord]] = {}
+    for record in monitors:
+        by_component.setdefault(_component_type(recording, record), []).append(record)
+    objects = [manifest_of(r) for r in by_component.pop(f"trainyard:platform:{REGISTRY.get(MONITORING).type_name}", [])]
     found = {o["metadata"]["name"]: (o["spec"]["selector"]["matchLabels"], o["spec"]["namespaceSelector"]["matchNames"],
                                      o["spec"]["endpoints"][0]["port"]) for o in objects}
-    enabled = REGISTRY.enabled(_settings(stack, monitoring))
     expected = {target.name: (dict(target.selector), [target.namespace], target.port)
                 for addon in enabled for target in addon.scrape} if monitoring else {}
     assert found == expected
+    chartless = {f"trainyard:platform:{a.type_name}" for a in enabled if not a.charts}
+    assert set(by_component) <= chartless if monitoring else by_component == {}
 
 
 @pytest.mark.parametrize("stack", STACKS)

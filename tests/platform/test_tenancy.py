@@ -35,7 +35,8 @@ def _objects(stack: str, kind: str) -> list[dict[str, Any]]:
 
 
 def _jobs(stack: str) -> list[dict[str, Any]]:
-    return _objects(stack, "Job")
+    """Volcano Jobs (a batch/v1 Job, such as MLflow's schema migration, is no queue's)."""
+    return [j for j in _objects(stack, "Job") if j["apiVersion"].startswith("batch.volcano.sh/")]
 
 
 def _queues(stack: str) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from trainyard.cloud.addons import EksAddons, before_cni_addons
 from trainyard.cloud.buckets import Buckets, BucketsArgs
 from trainyard.cloud.cluster import EksCluster, EksClusterArgs
 from trainyard.cloud.context import ClusterContext, ControlPlane, KarpenterFacts, PoolFacts
+from trainyard.cloud.database import TrackingDatabase, TrackingDatabaseArgs
 from trainyard.cloud.iam import (
     EBS_CSI_MANAGED_POLICY,
     IRSA_AUDIENCE,
@@ -27,6 +28,7 @@ from trainyard.cloud.iam import (
     alluxio_policy,
     cilium_operator_policy,
     cluster_owned_tag,
+    tracking_server_policy,
     trainer_policy,
 )
 from trainyard.cloud.karpenter import KarpenterInfra, KarpenterInfraArgs
@@ -133,6 +135,17 @@ def build_aws(settings: Settings) -> ControlPlane:
                  trainer_policy(checkpoints.bucket.arn, checkpoints.kms.key.arn, datasets.bucket.arn,
                                 datasets.kms.key.arn)),
     ]
+    tracking = None
+    if settings.addons.mlflow.enabled:
+        artifacts = [f"{t.namespace_name}/{names.MLFLOW_ARTIFACT_DIR}" for t in settings.tenants]
+        identities.append(identity("mlflow", "mlflow", (names.MLFLOW,), tracking_server_policy(
+            checkpoints.bucket.arn, checkpoints.kms.key.arn, artifacts)))
+        database = settings.addons.mlflow.database
+        tracking = TrackingDatabase("tracking-db", TrackingDatabaseArgs(
+            name=physical(settings, "mlflow"), settings=database,
+            multi_az=database.multi_az if database.multi_az is not None else settings.environment == "prod",
+            vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids,
+            node_security_group_id=eks.node_security_group.id, protect=settings.protect, tags=tags), opts=on_aws)
 
     # Alluxio's S3 client is the AWS Java SDK v1 of Fluid 1.0.8's default image (alluxio/alluxio-dev:2.9.0, from
     # 2022), older than the first v1 release that reads Pod Identity credentials (1.12.746, EKS user guide
@@ -190,6 +203,7 @@ def build_aws(settings: Settings) -> ControlPlane:
         dataset_bucket=datasets.bucket.bucket,
         checkpoint_bucket=checkpoints.bucket.bucket,
         dataset_cache_role_arn=dataset_cache.role.arn,
+        tracking_database=tracking.facts if tracking is not None else None,
         karpenter=KarpenterFacts(interruption_queue=karpenter.queue_name, node_role=karpenter.node_role_name,
                                  discovery_tag=name, ami_alias=release.karpenter_ami_alias),
         aws_provider=provider,

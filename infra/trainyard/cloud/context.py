@@ -57,6 +57,18 @@ class KarpenterFacts:
 
 
 @dataclass(frozen=True)
+class DatabaseFacts:
+    """A PostgreSQL database the platform connects to (cloud/database.py on AWS)."""
+
+    host: pulumi.Input[str]
+    port: int
+    name: str
+    username: str
+    # A secret Output: it only ever reaches a Kubernetes Secret.
+    password: pulumi.Output[str]
+
+
+@dataclass(frozen=True)
 class ClusterContext:
     name: pulumi.Input[str]
     provider: k8s.Provider
@@ -72,6 +84,8 @@ class ClusterContext:
     checkpoint_bucket: pulumi.Input[str] | None = None
     # IRSA role of the dataset cache's service account (names.ALLUXIO), annotated on it by the platform.
     dataset_cache_role_arn: pulumi.Input[str] | None = None
+    # MLflow's backend store on AWS (RDS, outside the cluster); None on the local target or with MLflow off.
+    tracking_database: DatabaseFacts | None = None
     karpenter: KarpenterFacts | None = None
     # The AWS provider every AWS resource uses (made from the validated region); None on the local target.
     aws_provider: pulumi.ProviderResource | None = None

@@ -414,6 +414,32 @@ class GpuHealthSettings(AddonSwitch):
     repair: bool = True
 
 
+class TrackingDatabaseSettings(Model):
+    """MLflow's PostgreSQL: Amazon RDS on AWS (cloud/database.py), CloudNativePG on `local` (one instance)."""
+
+    # RDS DB instance classes are `db.<family>.<size>` (RDS User Guide, "DB instance classes").
+    instance_class: Annotated[str, Field(pattern=r"^db\.[a-z0-9-]+\.[a-z0-9]+$", max_length=32)] = "db.t4g.medium"
+    # gp3 volumes for RDS for PostgreSQL: 20 GiB to 64 TiB (RDS User Guide, "Amazon RDS DB instance storage").
+    # On `local` this is the size of the CloudNativePG instance's volume.
+    storage_gib: Annotated[int, Field(ge=20, le=65536)] = 20
+    # RDS storage autoscaling grows the volume up to this (MaxAllocatedStorage); at least storageGib.
+    max_storage_gib: Annotated[int, Field(ge=20, le=65536)] = 100
+    # Automated backups and point-in-time recovery: 1-35 days (RDS BackupRetentionPeriod; 0, no backups, refused).
+    backup_retention_days: Annotated[int, Field(ge=1, le=35)] = 7
+    # A standby in a second zone. Unset: on in prod (where off is refused), off elsewhere.
+    multi_az: bool | None = None
+
+
+class MlflowSettings(AddonSwitch):
+    """The MLflow Tracking Server (platform/mlflow.py) and its database."""
+
+    # Server pods on the system nodes; each is stateless (runs and the registry live in PostgreSQL).
+    replicas: Annotated[int, Field(ge=1, le=5)] = 2
+    database: TrackingDatabaseSettings = TrackingDatabaseSettings()
+    # `local` only (no S3 there): the volume the server keeps artifacts on.
+    artifact_volume: Size = "10Gi"
+
+
 class AddonSettings(Model):
     """The typed view of the add-ons whose settings other layers read (config rules, the cloud layer).
 
@@ -429,6 +455,9 @@ class AddonSettings(Model):
     alluxio: AlluxioSettings = AlluxioSettings()
     volcano: AddonSwitch = AddonSwitch()
     monitoring: MonitoringSettings = MonitoringSettings()
+    mlflow: MlflowSettings = MlflowSettings()
+    # MLflow's database operator on `local` (on AWS it is RDS, and this add-on never applies).
+    cloudnative_pg: AddonSwitch = AddonSwitch()
 
 
 class BucketSettings(Model):

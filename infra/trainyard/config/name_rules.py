@@ -49,6 +49,10 @@ SQS_QUEUE = NameRule("SQS queue name", 80, re.compile(r"[A-Za-z0-9_-]+"), "lette
 # (https://docs.aws.amazon.com/eks/latest/APIReference/API_CreateCluster.html).
 EKS_CLUSTER = NameRule("EKS cluster name", 100, re.compile(r"[0-9A-Za-z][A-Za-z0-9_-]*"),
                        "letters, digits, '-' and '_', starting with a letter or digit")
+# DBInstanceIdentifier: 1-63 letters, digits and hyphens, starting with a letter, not ending with a hyphen nor holding
+# two in a row (https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/API_CreateDBInstance.html).
+RDS_INSTANCE = NameRule("RDS DB instance identifier", 63, re.compile(r"[A-Za-z](?!.*--)([A-Za-z0-9-]*[A-Za-z0-9])?"),
+                        "letters, digits and '-', starting with a letter, no '--' and no '-' at the end")
 # DNS-1123 label and subdomain (IsDNS1123Label / IsDNS1123Subdomain, k8s.io/apimachinery/pkg/util/validation).
 DNS1123_LABEL = NameRule("Kubernetes name", 63, re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"),
                          "lowercase letters, digits and '-', starting and ending with a letter or digit")

@@ -34,7 +34,8 @@ SERVICE_CIDR_PREFIXES = range(12, 25)
 # A trainer config is named, never addressed by path: only files directly in workloads/configs/ ship to pods.
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.ya?ml")
 # The longest suffixes the cloud layer puts after `trainyard-<stack>-` for each kind of name (cloud/buckets.py,
-# cloud/karpenter.py); the plan tests render a stack with the longest accepted name and check every name.
+# cloud/karpenter.py, cloud/database.py); the plan tests render a stack with the longest accepted name and check every
+# name.
 ACCOUNT_ID = "123456789012"
 _GENERATED = (
     (name_rules.s3_bucket_problem, f"checkpoints-{ACCOUNT_ID}"),
@@ -42,6 +43,7 @@ _GENERATED = (
     (name_rules.EVENTBRIDGE_RULE.problem, "karpenter-capacity-reservation-interruption"),
     (name_rules.SQS_QUEUE.problem, "karpenter"),
     (name_rules.EKS_CLUSTER.problem, ""),
+    (name_rules.RDS_INSTANCE.problem, "mlflow"),
 )
 
 
@@ -511,10 +513,28 @@ def _addons(s: Settings) -> Iterator[Problem]:
                               f"pool spans {len(zones)} ({', '.join(zones)}); lower replicas or use 'host'")
         if s.environment == "prod" and a.rook_ceph.replicas < 3:
             yield Problem("addons.rookCeph.replicas", "prod keeps at least 3 replicas")
+    yield from _tracking(s)
     if a.alluxio.enabled and not s.pools("gpu"):
         yield Problem("addons.alluxio.enabled", "the dataset cache serves GPU jobs: add a 'gpu' pool")
     if s.target == "aws" and a.alluxio.enabled:
         yield from _cache_on_storage_nodes(s)
+
+
+def _tracking(s: Settings) -> Iterator[Problem]:
+    """MLflow's database: RDS on AWS, CloudNativePG on `local` (platform/addons.yaml: cloudnativePg)."""
+    mlflow = s.addons.mlflow
+    if not mlflow.enabled:
+        return
+    at = "addons.mlflow.database"
+    if s.target == "local" and not s.addons.cloudnative_pg.enabled:
+        yield Problem("addons.cloudnativePg.enabled", "MLflow's database on target 'local' is a CloudNativePG "
+                                                      "cluster: must be true while addons.mlflow is on")
+    if mlflow.database.max_storage_gib < mlflow.database.storage_gib:
+        yield Problem(f"{at}.maxStorageGib", f"{mlflow.database.max_storage_gib} is below storageGib "
+                                             f"{mlflow.database.storage_gib}: storage autoscaling only grows")
+    if s.environment == "prod" and mlflow.database.multi_az is False:
+        yield Problem(f"{at}.multiAz", "prod's tracking database keeps a standby in a second zone: must be true "
+                                       "(or unset)")
 
 
 # Minutes an admission check may take after its wait, per diagLevel: twice NVIDIA's run times for levels 1-3

@@ -64,4 +64,8 @@ class PlaceholderMocks(pulumi.runtime.Mocks):
             return {"keyId": f"{name}-key-id"}
         if typ == "aws:ec2/launchTemplate:LaunchTemplate":
             return {"latestVersion": 1}
+        if typ == "aws:rds/instance:Instance":
+            # RDS endpoints are `<identifier>.<account-and-region hash>.<region>.rds.amazonaws.com`.
+            address = f"{state.get('identifier', name)}.placeholder.{self.region}.rds.amazonaws.com"
+            return {"address": address, "endpoint": f"{address}:{state.get('port', 5432)}"}
         return {}

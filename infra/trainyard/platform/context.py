@@ -37,3 +37,6 @@ class PlatformContext:
     # The directory of that claim the cache's data shows at ("" = its root; alluxio.claim_subpath).
     dataset_subpath: str = ""
     training_priority_class: str = "trainyard-training"
+    # The MLflow server's in-cluster URL (names.MLFLOW_TRACKING_URI) when the add-on is on; tenants' pods also get it
+    # from the `mlflow-client` ConfigMap of their namespace.
+    tracking_uri: str | None = None

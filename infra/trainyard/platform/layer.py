@@ -24,6 +24,7 @@ from trainyard.platform.addon import Addon, AddonContext, Installed
 from trainyard.platform.alluxio import Alluxio
 from trainyard.platform.context import PlatformContext, TenantFacts
 from trainyard.platform.ebs import EbsStorageClass, EbsStorageClassArgs
+from trainyard.platform.mlflow import Mlflow
 from trainyard.platform.registry import load_registry
 from trainyard.platform.rook_ceph import RookCeph
 from trainyard.platform.tenants import (
@@ -94,6 +95,7 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         install(addon, tenants.facts)
 
     monitoring, rook, alluxio = installed.get(MONITORING), installed.get("rookCeph"), installed.get("alluxio")
+    tracking = installed.get("mlflow")
     return PlatformContext(
         cluster=cluster, tenants=tenants.facts, fabric_checks=tenants.fabric_checks,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
@@ -101,4 +103,5 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         checkpoint_storage=(rook.storage.release,) if isinstance(rook, RookCeph) else (),
         dataset_claim=alluxio.claim if isinstance(alluxio, Alluxio) else None,
         dataset_subpath=alluxio.claim_subpath if isinstance(alluxio, Alluxio) else "",
-        training_priority_class=TRAINING_PRIORITY_CLASS)
+        training_priority_class=TRAINING_PRIORITY_CLASS,
+        tracking_uri=tracking.tracking_uri if isinstance(tracking, Mlflow) else None)

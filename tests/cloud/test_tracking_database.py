@@ -1,0 +1,109 @@
+"""MLflow's database on AWS (cloud/database.py): an RDS instance outside the cluster, as protected as the buckets.
+
+Every expectation comes from the stack's own settings, so an edited stack is checked against what it asks for.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aws_plan import AWS_STACKS, of_type, one, plan
+from trainyard import names
+from trainyard.cloud.database import ENGINE_MAJOR, PORT
+from trainyard.config import Settings
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import read_stack, settings_of
+from trainyard.platform.mlflow import POSTGRES_IMAGE
+
+INSTANCE = "aws:rds/instance:Instance"
+TRACKING_STACKS = [s for s in AWS_STACKS if settings_of(read_stack(s)).addons.mlflow.enabled]
+
+
+def _settings(stack: str) -> Settings:
+    return settings_of(read_stack(stack))
+
+
+def _in_database(rec: Recording, type_: str) -> list[ResourceRecord]:
+    """The resources of that type inside the TrackingDatabase component, at any depth."""
+    database, by_urn = one(rec, "trainyard:cloud:TrackingDatabase").urn, rec.by_urn()
+
+    def inside(record: ResourceRecord) -> bool:
+        while record.parent in by_urn and record.parent != database:
+            record = by_urn[record.parent]
+        return record.parent == database
+
+    return [r for r in of_type(rec, type_) if inside(r)]
+
+
+def test_some_aws_stack_tracks_experiments() -> None:
+    assert TRACKING_STACKS, "no AWS stack turns MLflow on: nothing below is checked"
+
+
+@pytest.mark.parametrize("stack", TRACKING_STACKS)
+def test_instance_is_protected_encrypted_and_private(stack: str) -> None:
+    settings, rec = _settings(stack), plan(stack)
+    db = settings.addons.mlflow.database
+    instance = one(rec, INSTANCE)
+    inputs = instance.inputs
+    # Pulumi protect and retain, RDS deletion protection and a final snapshot wherever the stack protects state.
+    assert (instance.protect, instance.retain_on_delete, inputs["deletionProtection"]) == (settings.protect,) * 3
+    assert inputs["skipFinalSnapshot"] is not settings.protect
+    assert inputs["deleteAutomatedBackups"] is False
+    assert inputs["backupRetentionPeriod"] == db.backup_retention_days >= 1
+    assert inputs["multiAz"] is (db.multi_az if db.multi_az is not None else settings.environment == "prod")
+    assert inputs["publiclyAccessible"] is False
+    assert inputs["storageEncrypted"] is True
+    (key,) = _in_database(rec, "aws:kms/key:Key")
+    assert inputs["kmsKeyId"].endswith(key.name)
+    assert key.protect and key.retain_on_delete
+    assert (inputs["allocatedStorage"], inputs["maxAllocatedStorage"]) == (db.storage_gib, db.max_storage_gib)
+    # One major on both backends: `local`'s CloudNativePG image runs the same PostgreSQL major.
+    assert inputs["engineVersion"] == ENGINE_MAJOR
+    assert POSTGRES_IMAGE.rpartition(":")[2].split(".")[0] == ENGINE_MAJOR
+    assert inputs["allowMajorVersionUpgrade"] is False
+
+
+@pytest.mark.parametrize("stack", TRACKING_STACKS)
+def test_only_the_cluster_nodes_reach_it_over_tls(stack: str) -> None:
+    rec = plan(stack)
+    instance = one(rec, INSTANCE)
+    (group,) = _in_database(rec, "aws:ec2/securityGroup:SecurityGroup")
+    assert instance.inputs["vpcSecurityGroupIds"] == [f"{group.name}-id"]
+    rules = _in_database(rec, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    node_group = one(rec, "aws:ec2/securityGroup:SecurityGroup", "eks-nodes")
+    assert [(r.inputs["referencedSecurityGroupId"], r.inputs["fromPort"], r.inputs["toPort"]) for r in rules] == [
+        (f"{node_group.name}-id", PORT, PORT)]
+    assert not _in_database(rec, "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
+    (parameters,) = _in_database(rec, "aws:rds/parameterGroup:ParameterGroup")
+    assert {"name": "rds.force_ssl", "value": "1"} in [
+        {k: p[k] for k in ("name", "value")} for p in parameters.inputs["parameters"]]
+    private = {s.name for s in of_type(rec, "aws:ec2/subnet:Subnet") if "private" in s.name}
+    (subnets,) = _in_database(rec, "aws:rds/subnetGroup:SubnetGroup")
+    assert {i.removesuffix("-id") for i in subnets.inputs["subnetIds"]} <= private
+
+
+def test_tracking_database_survives_a_cluster_rebuild() -> None:
+    """Nothing of the database hangs off the EKS cluster: a replaced cluster leaves the instance in place."""
+    rec = plan(TRACKING_STACKS[0])
+    cluster = one(rec, "aws:eks/cluster:Cluster")
+    for r in [one(rec, INSTANCE), *_in_database(rec, "aws:kms/key:Key")]:
+        assert r.deleted_with is None
+        assert cluster.urn not in r.depends_on
+
+
+@pytest.mark.parametrize("stack", TRACKING_STACKS)
+def test_tracking_server_only_reads_tenants_artifacts(stack: str) -> None:
+    rec, settings = plan(stack), _settings(stack)
+    statements = json.loads(one(rec, "aws:iam/rolePolicy:RolePolicy", "mlflow-policy").inputs["policy"])["Statement"]
+    actions = {a for s in statements for a in s["Action"]}
+    assert actions == {"s3:ListBucket", "s3:GetBucketLocation", "s3:GetObject", "s3:GetObjectVersion",
+                       "kms:Decrypt", "kms:DescribeKey"}
+    prefixes = sorted(f"{t.namespace_name}/{names.MLFLOW_ARTIFACT_DIR}" for t in settings.tenants)
+    (listing,) = [s for s in statements if s["Action"] == ["s3:ListBucket"]]
+    assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == [f"{p}/*" for p in prefixes]
+    (reads,) = [s for s in statements if "s3:GetObject" in s["Action"]]
+    assert sorted(r.split(":::", 1)[1].split("/", 1)[1] for r in reads["Resource"]) == [f"{p}/*" for p in prefixes]
+    association = one(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation", f"mlflow-{names.MLFLOW.namespace}")
+    assert (association.inputs["namespace"], association.inputs["serviceAccount"]) == (names.MLFLOW.namespace,
+                                                                                       names.MLFLOW.name)

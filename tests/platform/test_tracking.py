@@ -1,0 +1,201 @@
+"""The MLflow Tracking Server (platform/mlflow.py) as each stack renders it.
+
+What tenants rely on: every tenant namespace names the server and its own artifact root; only tenants (and
+Prometheus) reach the server; on AWS the server only reads artifacts and its default root is a prefix no tenant's
+role writes; the schema is migrated before the server rolls; the database is RDS on AWS and a CloudNativePG cluster,
+after its operator, on `local`. Expectations come from each stack's settings, never from the sample stacks.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from trainyard import names
+from trainyard.catalogue.charts import load_catalogue
+from trainyard.config import Settings
+from trainyard.config.load import platform_namespaces
+from trainyard.paths import REPO_ROOT
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform.mlflow import (
+    ALLOWED_HOSTS,
+    APP_LABELS,
+    CNPG_CLUSTER,
+    DATABASE_SECRET,
+    DEFAULT_ARTIFACT_DIR,
+    FLASK_SECRET_KEY,
+    IMAGE,
+    SERVER_SECRET,
+)
+
+STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).addons.mlflow.enabled]
+
+
+@cache
+def _recording(stack: str) -> Recording:
+    return render(read_stack(stack))
+
+
+def _settings(stack: str) -> Settings:
+    return settings_of(read_stack(stack))
+
+
+def _records(stack: str, kind: str, namespace: str | None = None) -> list[ResourceRecord]:
+    return [r for r in _recording(stack).resources if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind
+            and (namespace is None or manifest_of(r)["metadata"].get("namespace") == namespace)]
+
+
+def _one(stack: str, kind: str, name: str, namespace: str = names.MLFLOW_NAMESPACE) -> ResourceRecord:
+    (found,) = [r for r in _records(stack, kind, namespace) if manifest_of(r)["metadata"]["name"] == name]
+    return found
+
+
+def _container(stack: str, kind: str, name: str) -> dict[str, Any]:
+    (container,) = manifest_of(_one(stack, kind, name))["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _server(stack: str) -> dict[str, Any]:
+    return _container(stack, "Deployment", "mlflow")
+
+
+def _option(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _tenant_namespaces(stack: str) -> list[str]:
+    return sorted(t.namespace_name for t in _settings(stack).tenants)
+
+
+def _checkpoint_bucket(stack: str) -> str | None:
+    buckets = [r.inputs["bucket"] for r in _recording(stack).resources if r.type == "aws:s3/bucket:Bucket"
+               and "checkpoints" in r.inputs["bucket"]]
+    return buckets[0] if buckets else None
+
+
+def test_mlflow_is_on_in_some_aws_stack_and_on_local() -> None:
+    targets = {_settings(s).target for s in STACKS}
+    assert targets == {"aws", "local"}, f"MLflow stacks {STACKS} cover targets {targets}: nothing checks the other"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_tenant_is_told_the_server_and_its_own_artifact_root(stack: str) -> None:
+    bucket = _checkpoint_bucket(stack)
+    manifests = [manifest_of(r) for r in _records(stack, "ConfigMap")]
+    configs = {m["metadata"]["namespace"]: m["data"] for m in manifests
+               if m["metadata"]["name"] == names.MLFLOW_CLIENT_CONFIG}
+    assert sorted(configs) == _tenant_namespaces(stack)
+    for namespace, data in configs.items():
+        root = (f"s3://{bucket}/{namespace}/{names.MLFLOW_ARTIFACT_DIR}" if bucket
+                else f"mlflow-artifacts:/{namespace}")
+        assert data == {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, "TRAINYARD_MLFLOW_ARTIFACT_ROOT": root}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: str) -> None:
+    uri = urlsplit(names.MLFLOW_TRACKING_URI)
+    service = manifest_of(_one(stack, "Service", names.MLFLOW_SERVICE))
+    assert uri.hostname == f"{names.MLFLOW_SERVICE}.{names.MLFLOW_NAMESPACE}.svc.cluster.local"
+    assert [p["port"] for p in service["spec"]["ports"]] == [uri.port]
+    assert service["spec"]["selector"] == APP_LABELS
+    # The server refuses a Host header it does not list (its DNS-rebinding check): the URI's must be there.
+    assert _option(_server(stack)["args"], "--allowed-hosts") == ALLOWED_HOSTS
+    assert uri.netloc in ALLOWED_HOSTS.split(",")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_server_artifacts_follow_the_target(stack: str) -> None:
+    server, bucket = _server(stack), _checkpoint_bucket(stack)
+    args = server["args"]
+    if bucket is None:
+        assert "--serve-artifacts" in args
+        mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+        assert _option(args, "--artifacts-destination") in mounts
+        return
+    # Clients upload with their own pod identity; the server's default root is outside every tenant's prefix.
+    assert "--no-serve-artifacts" in args and "--serve-artifacts" not in args
+    root = urlsplit(_option(args, "--default-artifact-root"))
+    first = root.path.strip("/").split("/")[0]
+    assert (root.scheme, root.netloc) == ("s3", bucket)
+    assert root.path.endswith(f"/{DEFAULT_ARTIFACT_DIR}")
+    assert first not in _tenant_namespaces(stack) and first in platform_namespaces()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_only_tenants_and_prometheus_reach_the_server(stack: str) -> None:
+    settings = _settings(stack)
+    monitoring = ([load_catalogue(REPO_ROOT).chart("kube-prometheus-stack").namespace]
+                  if settings.addons.monitoring.enabled else [])
+    (ingress,) = [manifest_of(r) for r in _records(stack, "CiliumNetworkPolicy", names.MLFLOW_NAMESPACE)
+                  + _records(stack, "NetworkPolicy", names.MLFLOW_NAMESPACE)]
+    spec = ingress["spec"]
+    (rule,) = spec["ingress"]
+    if ingress["kind"] == "CiliumNetworkPolicy":
+        assert spec["endpointSelector"] == {"matchLabels": APP_LABELS}
+        sources = [e["matchLabels"]["k8s:io.kubernetes.pod.namespace"] for e in rule["fromEndpoints"]]
+    else:
+        assert spec["podSelector"] == {"matchLabels": APP_LABELS}
+        sources = [e["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for e in rule["from"]]
+    assert sorted(sources) == sorted(_tenant_namespaces(stack) + monitoring)
+    # And every tenant namespace lets its pods out to it, on the server's port only.
+    for namespace in _tenant_namespaces(stack):
+        (egress,) = [manifest_of(r) for r in [*_records(stack, "CiliumNetworkPolicy", namespace),
+                                              *_records(stack, "NetworkPolicy", namespace)]
+                     if manifest_of(r)["metadata"]["name"] == "allow-mlflow"]
+        (out,) = egress["spec"]["egress"]
+        ports = out["toPorts"][0]["ports"] if "toPorts" in out else out["ports"]
+        assert [int(p["port"]) for p in ports] == [names.MLFLOW_PORT]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: str) -> None:
+    (job,) = _records(stack, "Job", names.MLFLOW_NAMESPACE)
+    deployment = _one(stack, "Deployment", "mlflow")
+    migrate = _container(stack, "Job", manifest_of(job)["metadata"]["name"])
+    assert job.urn in deployment.depends_on
+    assert migrate["image"] == _server(stack)["image"] == IMAGE
+    assert IMAGE.rpartition(":")[2].replace(".", "-").lower() in manifest_of(job)["metadata"]["name"]
+    assert migrate["args"] == ["db", "upgrade", "$(MLFLOW_BACKEND_STORE_URI)"]
+    # A Job's template is immutable: a changed one is a new Job, the old one deleted first.
+    assert job.replace_on_changes == ("spec",) and job.delete_before_replace
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: str) -> None:
+    aws = _settings(stack).target == "aws"
+    store = DATABASE_SECRET if aws else f"{CNPG_CLUSTER}-app"
+    for container in (_server(stack), _container(stack, "Job", manifest_of(
+            _records(stack, "Job", names.MLFLOW_NAMESPACE)[0])["metadata"]["name"])):
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
+        assert refs == {"MLFLOW_BACKEND_STORE_URI": store, FLASK_SECRET_KEY: SERVER_SECRET}
+    # The Flask key is a generated password kept in state, not one a chart hook re-rolls on every upgrade.
+    server_secret = _one(stack, "Secret", SERVER_SECRET)
+    password = next(r for r in _recording(stack).resources if r.type == "random:index/randomPassword:RandomPassword"
+                    and r.urn in server_secret.depends_on)
+    assert password.inputs["length"] >= 32
+    if aws:
+        # The store URI (with the password) lives only in the MLflow namespace, shown only as a secret.
+        assert manifest_of(_one(stack, "Secret", DATABASE_SECRET))["stringData"] == {"uri": "[secret]"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: str) -> None:
+    clusters = _records(stack, "Cluster", names.MLFLOW_NAMESPACE)
+    if _settings(stack).target == "aws":
+        assert clusters == []
+        return
+    (cluster,) = clusters
+    spec = manifest_of(cluster)["spec"]
+    assert spec["bootstrap"]["initdb"] == {"database": "mlflow", "owner": "mlflow"}
+    assert spec["storage"]["size"] == f"{_settings(stack).addons.mlflow.database.storage_gib}Gi"
+    # Its CRD and webhook come with the operator's release, which the namespace (and so the cluster) waits for.
+    by_urn = _recording(stack).by_urn()
+    (namespace,) = [r for r in _records(stack, "Namespace") if manifest_of(r)["metadata"]["name"] == "mlflow"]
+    releases = [by_urn[u] for u in namespace.depends_on if by_urn[u].type == "kubernetes:helm.sh/v3:Release"]
+    assert "cloudnative-pg" in [r.inputs["chart"] for r in releases]
+    assert namespace.urn in cluster.depends_on
+    assert cluster.protect is cluster.retain_on_delete is _settings(stack).protect
