@@ -61,6 +61,19 @@ MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.l
 MLFLOW_ARTIFACT_DIR = "mlflow"
 # The ConfigMap every tenant namespace gets with the tracking URI and its artifact root (platform/mlflow.py).
 MLFLOW_CLIENT_CONFIG = "mlflow-client"
+# The training pipeline (platform/argo_workflows.py): Argo's namespace, and the account every tenant's workflow
+# pods run as (the WorkflowTemplates name it); it gets the trainer's pod identity (its namespace's S3 prefix).
+WORKFLOWS_NAMESPACE = "argo"
+WORKFLOW_SERVICE_ACCOUNT = "workflow"
+# Where Argo keeps a workflow's artifacts, below the namespace prefix of the checkpoint bucket.
+WORKFLOW_ARTIFACT_DIR = "argo"
+
+
+def tenant_group(tenant: str) -> str:
+    """The Kubernetes group a tenant's RoleBinding names when the stack names none (tenants[].access.group)."""
+    return f"trainyard:tenant:{tenant}"
+
+
 # Namespace label naming the one Volcano queue the namespace's jobs may use (an admission policy enforces it).
 QUEUE_LABEL = "trainyard.io/queue"
 

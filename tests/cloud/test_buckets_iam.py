@@ -79,11 +79,12 @@ def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
 def test_pod_identity_associations_use_shared_names(stack: str) -> None:
     rec = plan(stack)
     settings = settings_of(read_stack(stack))
+    tenant_accounts = ["trainer", *(["workflow"] if settings.addons.argo_workflows.enabled else [])]
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
                      ("kube-system", "cilium-operator"),
-                     *((t.namespace_name, "trainer") for t in settings.tenants),
+                     *((t.namespace_name, account) for t in settings.tenants for account in tenant_accounts),
                      *([("mlflow", "mlflow")] if settings.addons.mlflow.enabled else [])}
     for role in of_type(rec, "aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]

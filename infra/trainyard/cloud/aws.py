@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainyard import names
+from trainyard.cloud.access import TenantAccess, TenantAccessArgs, principal_groups
 from trainyard.cloud.addons import EksAddons, before_cni_addons
 from trainyard.cloud.buckets import Buckets, BucketsArgs
 from trainyard.cloud.cluster import EksCluster, EksClusterArgs
@@ -125,16 +126,24 @@ def build_aws(settings: Settings) -> ControlPlane:
             policy=policy, managed_policy_arns=managed, tags=tags), opts=on_aws)
 
     datasets, checkpoints = buckets.datasets, buckets.checkpoints
+
+    def tenant_accounts(account: str) -> tuple[names.ServiceAccountRef, ...]:
+        return tuple(names.ServiceAccountRef(t.namespace_name, account) for t in settings.tenants)
+
+    # What a tenant's pods may do in S3: write under its own namespace prefix of the checkpoint bucket (checkpoints,
+    # MLflow and Argo artifacts; the session's namespace tag scopes it) and read the datasets.
+    tenant_policy = trainer_policy(checkpoints.bucket.arn, checkpoints.kms.key.arn, datasets.bucket.arn,
+                                   datasets.kms.key.arn)
     identities = [
         identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,),
                  cilium_operator_policy(region, name)),
         identity("ebs-csi", "ebs-csi", (names.EBS_CSI,), managed=(EBS_CSI_MANAGED_POLICY,)),
-        identity("trainer", "trainer",
-                 tuple(names.ServiceAccountRef(t.namespace_name, names.TRAINER_SERVICE_ACCOUNT)
-                       for t in settings.tenants),
-                 trainer_policy(checkpoints.bucket.arn, checkpoints.kms.key.arn, datasets.bucket.arn,
-                                datasets.kms.key.arn)),
+        identity("trainer", "trainer", tenant_accounts(names.TRAINER_SERVICE_ACCOUNT), tenant_policy),
     ]
+    if settings.addons.argo_workflows.enabled:
+        # The pipeline's steps (and Argo's executor saving their artifacts) as the tenant's workflow account.
+        identities.append(identity("workflow", "workflow", tenant_accounts(names.WORKFLOW_SERVICE_ACCOUNT),
+                                   tenant_policy))
     tracking = None
     if settings.addons.mlflow.enabled:
         artifacts = [f"{t.namespace_name}/{names.MLFLOW_ARTIFACT_DIR}" for t in settings.tenants]
@@ -146,6 +155,9 @@ def build_aws(settings: Settings) -> ControlPlane:
             multi_az=database.multi_az if database.multi_az is not None else settings.environment == "prod",
             vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids,
             node_security_group_id=eks.node_security_group.id, protect=settings.protect, tags=tags), opts=on_aws)
+    if principals := principal_groups(settings.tenants):
+        TenantAccess("tenant-access", TenantAccessArgs(cluster_name=cluster.name, principals=principals, tags=tags),
+                     opts=on_aws)
 
     # Alluxio's S3 client is the AWS Java SDK v1 of Fluid 1.0.8's default image (alluxio/alluxio-dev:2.9.0, from
     # 2022), older than the first v1 release that reads Pod Identity credentials (1.12.746, EKS user guide

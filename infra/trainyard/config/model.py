@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from trainyard import names
 from trainyard.config import name_rules
 from trainyard.config.quantity import parse_quantity
 
@@ -458,6 +459,7 @@ class AddonSettings(Model):
     mlflow: MlflowSettings = MlflowSettings()
     # MLflow's database operator on `local` (on AWS it is RDS, and this add-on never applies).
     cloudnative_pg: AddonSwitch = AddonSwitch()
+    argo_workflows: AddonSwitch = AddonSwitch()
 
 
 class BucketSettings(Model):
@@ -475,6 +477,30 @@ class TenantQuota(TenantResources):
     pods: Positive = 200
 
 
+def _kubernetes_group(value: str) -> str:
+    # `system:` names are Kubernetes' own (RBAC docs, "Referring to subjects": the system: prefix is reserved).
+    if value.startswith("system:"):
+        raise ValueError(f"{value!r} starts with 'system:', which Kubernetes reserves for its own groups")
+    if not _GROUP.fullmatch(value):
+        raise ValueError(f"{value!r} is not a group name: letters, digits and : . _ @ / -, at most 128 characters, "
+                         "starting with a letter or digit")
+    return value
+
+
+# Our bound for a Kubernetes group name (RBAC takes any string; EKS access entries carry it as kubernetesGroups).
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._@/-]{0,127}")
+KubernetesGroup = Annotated[str, AfterValidator(_kubernetes_group)]
+
+
+class TenantAccess(Model):
+    """Who may use a tenant's namespace: a Kubernetes group its RoleBinding names, and on AWS the IAM principals
+    whose EKS access entries put them in that group (nothing outside the namespace; README, "Tenant access")."""
+
+    # Unset: names.tenant_group(<tenant>), `trainyard:tenant:<name>`.
+    group: KubernetesGroup | None = None
+    principal_arns: list[PrincipalArn] = Field(default_factory=list, max_length=20)
+
+
 class Tenant(Model):
     name: DnsLabel
     namespace: DnsLabel | None = None
@@ -483,10 +509,16 @@ class Tenant(Model):
     capability: TenantResources = TenantResources()
     quota: TenantQuota | None = None
     default: bool = False
+    access: TenantAccess = TenantAccess()
 
     @property
     def namespace_name(self) -> str:
         return self.namespace or self.name
+
+    @property
+    def group(self) -> str:
+        """The Kubernetes group bound to the tenant's role in its namespace."""
+        return self.access.group or names.tenant_group(self.name)
 
 
 class Autoscaling(Model):

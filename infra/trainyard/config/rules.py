@@ -590,6 +590,27 @@ def _tenants(s: Settings, taken: frozenset[str]) -> Iterator[Problem]:
                                                  f"platform: {_allowed(taken)}")
         if t.quota is not None:
             yield from _quota_below_capability(f"tenants[{i}].quota", t.quota, t.capability)
+    yield from _tenant_access(s)
+
+
+def _tenant_access(s: Settings) -> Iterator[Problem]:
+    """EKS keeps one access entry per IAM principal (CreateAccessEntry: "You can't specify the same ARN in more than
+    one access entry"): a tenant principal may be neither an admin nor the deploy role."""
+    platform = {*(s.aws.admin_principal_arns if s.aws else ()), *([s.deploy.role_arn] if s.deploy else ())}
+    for i, t in enumerate(s.tenants):
+        at = f"tenants[{i}].access.principalArns"
+        if t.access.principal_arns and s.target != "aws":
+            yield Problem(at, "EKS access entries exist on target 'aws' only: leave it empty for 'local' (bind the "
+                              "group to your own kubeconfig user there)")
+        for arn in _duplicates(list(t.access.principal_arns)):
+            yield Problem(at, f"{arn!r} is listed more than once")
+        for arn in sorted(set(t.access.principal_arns) & platform):
+            yield Problem(at, f"{arn!r} is already a cluster admin or the deploy role (aws.adminPrincipalArns, "
+                              "deploy.roleArn): EKS allows one access entry per principal")
+    groups = [t.group for t in s.tenants]
+    for group in _duplicates(groups):
+        yield Problem("tenants", f"access group {group!r} is bound by more than one tenant: each tenant's members "
+                                 "need a group of their own")
 
 
 def _quota_below_capability(at: str, quota: TenantResources, capability: TenantResources) -> Iterator[Problem]:

@@ -55,6 +55,9 @@ _COMMENTED_UPSTREAM_KEYS: Mapping[str, frozenset[str]] = {
     # validator and nodeStatusExporter: `#version: ""`, read by templates/_helpers.tpl and clusterpolicy.yaml.
     "gpu-operator": frozenset(("dcgmExporter.config", "operator.version", "validator.version",
                                "nodeStatusExporter.version")),
+    # values.yaml 1.0.18 controller.pdb: `# minAvailable: 1`, read by
+    # templates/controller/workflow-controller-deployment-pdb.yaml (else the PDB renders minAvailable: 0).
+    "argo-workflows": frozenset(("controller.pdb.minAvailable",)),
 }
 # Values a chart copies verbatim into a custom resource's spec: checked against that CRD's `spec` schema (far
 # stricter than the example in values.yaml, which omits most optional fields). chart -> top-level key ->

@@ -40,3 +40,5 @@ class PlatformContext:
     # The MLflow server's in-cluster URL (names.MLFLOW_TRACKING_URI) when the add-on is on; tenants' pods also get it
     # from the `mlflow-client` ConfigMap of their namespace.
     tracking_uri: str | None = None
+    # The argo-workflows release: WorkflowTemplates (argoproj.io CRDs it installs) depend on it; None when off.
+    workflows: pulumi.Resource | None = None

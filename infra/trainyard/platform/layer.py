@@ -95,7 +95,7 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         install(addon, tenants.facts)
 
     monitoring, rook, alluxio = installed.get(MONITORING), installed.get("rookCeph"), installed.get("alluxio")
-    tracking = installed.get("mlflow")
+    tracking, workflows = installed.get("mlflow"), installed.get("argoWorkflows")
     return PlatformContext(
         cluster=cluster, tenants=tenants.facts, fabric_checks=tenants.fabric_checks,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
@@ -104,4 +104,5 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         dataset_claim=alluxio.claim if isinstance(alluxio, Alluxio) else None,
         dataset_subpath=alluxio.claim_subpath if isinstance(alluxio, Alluxio) else "",
         training_priority_class=TRAINING_PRIORITY_CLASS,
-        tracking_uri=tracking.tracking_uri if isinstance(tracking, Mlflow) else None)
+        tracking_uri=tracking.tracking_uri if isinstance(tracking, Mlflow) else None,
+        workflows=workflows.release if workflows is not None else None)

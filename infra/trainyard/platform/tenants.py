@@ -26,6 +26,7 @@ from trainyard.platform import network_policy
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
 from trainyard.platform.objects import custom_resource
+from trainyard.platform.tenant_access import RBAC_GROUP, TENANT_ROLE, role_binding_subjects, tenant_rules
 
 TENANT_LABEL = "trainyard.io/tenant"
 QUEUE_API_VERSION = "scheduling.volcano.sh/v1beta1"
@@ -236,10 +237,23 @@ class Tenants(pulumi.ComponentResource):
             opts=in_namespace,
         )
         ready: list[pulumi.Resource] = [namespace, account]
+        if not checks:
+            self._access(prefix, tenant, ns_name, tenant_labels, in_namespace)
         ready.append(self._policy(prefix, ns_name, tenant_labels, namespace, args))
         if args.volcano is not None:
             ready.append(self._queue(prefix, tenant, args, mig_slices, reclaimable=not checks))
         return TenantFacts(name=tenant.name, namespace=ns_name, queue=queue_name(tenant), ready=tuple(ready))
+
+    def _access(self, prefix: str, tenant: Tenant, ns_name: str, tenant_labels: dict[str, str],
+                opts: pulumi.ResourceOptions) -> None:
+        """The tenant's members (the group its stack entry names) act in this namespace only."""
+        meta: Any = {"name": TENANT_ROLE, "namespace": ns_name, "labels": tenant_labels}
+        rules: Any = tenant_rules()
+        role = k8s.rbac.v1.Role(f"{prefix}-role", metadata=meta, rules=rules, opts=opts)
+        role_ref: Any = {"apiGroup": RBAC_GROUP, "kind": "Role", "name": TENANT_ROLE}
+        subjects: Any = role_binding_subjects(tenant.group)
+        k8s.rbac.v1.RoleBinding(f"{prefix}-role-binding", metadata=meta, role_ref=role_ref, subjects=subjects,
+                                opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[role])))
 
     def _policy(self, prefix: str, ns_name: str, tenant_labels: dict[str, str], namespace: pulumi.Resource,
                 args: TenantsArgs) -> pulumi.Resource:

@@ -1,0 +1,45 @@
+"""What a tenant's members may do: a Role in the tenant's namespace, bound to the group the stack names for it.
+
+The Role covers what a training job is made of (the Volcano Job, its PodGroup, the trainer ConfigMap, the checkpoint
+claim and the PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up`
+creates, plus reading pods, their logs and events, and submitting and watching Argo Workflows from the namespace's
+WorkflowTemplates. Nothing else: no Secrets, no pods of their own (Volcano's controller creates them), no exec, and
+no object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission policy
+(tenants.queue_policy) keeps their jobs in their own queue. On AWS the members reach the API server through EKS
+access entries that put their IAM principals in the group (cloud/access.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TENANT_ROLE = "tenant-user"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+# Server-side apply needs `patch`, and `create` for an object that does not exist yet (Kubernetes docs, "Server-Side
+# Apply": permissions); `kubectl delete` and the submit CLI's cancel need `delete`.
+_MANAGE = ["create", "get", "list", "watch", "patch", "update", "delete"]
+_READ = ["get", "list", "watch"]
+
+
+def tenant_rules() -> list[dict[str, Any]]:
+    """The Role's rules (rbac.authorization.k8s.io/v1 PolicyRule)."""
+    return [
+        # A training job: the Volcano Job (workloads/volcano.py) and the PodGroup Volcano makes for it.
+        {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": _MANAGE},
+        {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": _MANAGE},
+        # Its trainer config and checkpoint claim (workloads/jobs.py), and its metrics (PodMonitor).
+        {"apiGroups": [""], "resources": ["configmaps", "persistentvolumeclaims"], "verbs": _MANAGE},
+        {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": _MANAGE},
+        # Watching it run.
+        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": _READ},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
+        # Pipelines: Workflows from the namespace's WorkflowTemplates, which only the platform writes (the controller
+        # runs only Workflows that reference one: platform/argo-workflows/values.yaml workflowRestrictions).
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": _MANAGE},
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtemplates"], "verbs": _READ},
+    ]
+
+
+def role_binding_subjects(group: str) -> list[dict[str, str]]:
+    return [{"kind": "Group", "name": group, "apiGroup": RBAC_GROUP}]

@@ -1,0 +1,155 @@
+"""Argo Workflows (platform/argo_workflows.py) as each stack renders it, the chart's objects by the real Helm.
+
+What the pipeline relies on: the CRDs come with the release from the locked chart (no install-time download), the
+controller runs only the platform's templates as each tenant's `workflow` account, its artifacts go under the
+tenant's own prefix with pod credentials (no access key), and each tenant namespace has exactly what that account
+needs. Expectations come from each stack's settings and the release's rendered objects.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+import yaml
+from trainyard import names
+from trainyard.plan.recording import Recording
+from trainyard.plan.rendering import RenderedRelease
+from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack, settings_of
+from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform.argo_workflows import API_SERVER_POLICY, EXECUTOR_ROLE, KEY_FORMAT
+
+STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).addons.argo_workflows.enabled]
+RELEASE = "argo-workflows"
+IMAGE_TAGS = {"workflow-controller", "argocli", "argoexec"}
+
+
+@cache
+def _plan(stack: str) -> StackPlan:
+    return plan_stack(read_stack(stack))
+
+
+def _recording(stack: str) -> Recording:
+    return _plan(stack).recording
+
+
+def _release(stack: str) -> RenderedRelease:
+    return _plan(stack).rendered.releases[RELEASE]
+
+
+def _controller_config(stack: str) -> dict[str, Any]:
+    (config_map,) = [o for o in _release(stack).of_kind("ConfigMap")
+                     if o["metadata"]["name"].endswith("workflow-controller-configmap")]
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config"])
+    return config
+
+
+def _objects(stack: str, kind: str, name: str) -> dict[str, dict[str, Any]]:
+    """namespace -> the object of that kind and name the program creates there."""
+    return {m["metadata"]["namespace"]: m for m in (manifest_of(r) for r in _recording(stack).resources
+                                                    if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind)
+            if m["metadata"]["name"] == name}
+
+
+def _checkpoint_bucket(stack: str) -> str | None:
+    buckets = [r.inputs["bucket"] for r in _recording(stack).resources if r.type == "aws:s3/bucket:Bucket"
+               and "checkpoints" in r.inputs["bucket"]]
+    return buckets[0] if buckets else None
+
+
+def test_workflows_are_on_in_some_aws_stack_and_on_local() -> None:
+    assert {settings_of(read_stack(s)).target for s in STACKS} == {"aws", "local"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_crds_come_with_the_release_and_nothing_downloads_them(stack: str) -> None:
+    release = _release(stack)
+    crds = {o["spec"]["group"] for o in release.of_kind("CustomResourceDefinition")}
+    assert crds == {"argoproj.io"}
+    kinds = {o["spec"]["names"]["kind"] for o in release.of_kind("CustomResourceDefinition")}
+    assert {"Workflow", "WorkflowTemplate", "WorkflowTaskResult"} <= kinds
+    # The chart's default installs them from a hook Job that fetches them from GitHub at install time.
+    assert list(release.of_kind("Job")) == []
+    assert not [o for o in release.objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_controller_and_server_run_pinned_images_on_system_nodes(stack: str) -> None:
+    deployments = list(_release(stack).of_kind("Deployment"))
+    assert len(deployments) == 2
+    images = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
+    for d in deployments:
+        assert d["spec"]["template"]["spec"]["nodeSelector"][names.ROLE_LABEL] == "system"
+    (controller,) = [d for d in deployments if "controller" in d["metadata"]["name"]]
+    args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    images.add(args[args.index("--executor-image") + 1])
+    assert {i.rpartition(":")[0].rpartition("/")[2] for i in images} == IMAGE_TAGS
+    assert len({i.rpartition(":")[2] for i in images}) == 1  # one Argo version
+    (server,) = [d for d in deployments if d is not controller]
+    assert "--auth-mode=client" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_only_the_platforms_templates_run_as_the_tenants_workflow_account(stack: str) -> None:
+    config = _controller_config(stack)
+    assert config["workflowRestrictions"] == {"templateReferencing": "Strict"}
+    assert config["workflowDefaults"]["spec"]["serviceAccountName"] == names.WORKFLOW_SERVICE_ACCOUNT
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_artifacts_go_under_the_namespace_prefix_with_pod_credentials(stack: str) -> None:
+    config, bucket = _controller_config(stack), _checkpoint_bucket(stack)
+    if bucket is None:
+        assert "artifactRepository" not in config
+        return
+    s3 = config["artifactRepository"]["s3"]
+    aws = settings_of(read_stack(stack)).aws
+    assert aws is not None
+    region = aws.region
+    assert s3 == {"bucket": bucket, "endpoint": f"s3.{region}.amazonaws.com", "region": region, "insecure": False,
+                  "useSDKCreds": True, "keyFormat": KEY_FORMAT}
+    # The first key segment is the namespace: the only prefix the tenant's role may write (cloud/iam.py).
+    assert KEY_FORMAT.startswith("{{workflow.namespace}}/")
+    assert "accessKeySecret" not in str(config) and "secretKeySecret" not in str(config)
+    # And the tenant's workflow account holds that role.
+    pairs = {(r.inputs["namespace"], r.inputs["serviceAccount"]) for r in _recording(stack).resources
+             if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"}
+    for tenant in settings_of(read_stack(stack)).tenants:
+        assert (tenant.namespace_name, names.WORKFLOW_SERVICE_ACCOUNT) in pairs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_tenant_gets_the_workflow_account_and_only_what_it_needs(stack: str) -> None:
+    tenants = sorted(t.namespace_name for t in settings_of(read_stack(stack)).tenants)
+    accounts = _objects(stack, "ServiceAccount", names.WORKFLOW_SERVICE_ACCOUNT)
+    roles = _objects(stack, "Role", EXECUTOR_ROLE)
+    bindings = _objects(stack, "RoleBinding", EXECUTOR_ROLE)
+    assert sorted(accounts) == sorted(roles) == sorted(bindings) == tenants
+    for namespace in tenants:
+        # The executor reports each step's outputs to the API server with the account's token.
+        assert accounts[namespace]["automountServiceAccountToken"] is True
+        assert bindings[namespace]["subjects"] == [
+            {"kind": "ServiceAccount", "name": names.WORKFLOW_SERVICE_ACCOUNT, "namespace": namespace}]
+        rules = {(g, r): set(rule["verbs"]) for rule in roles[namespace]["rules"]
+                 for g in rule["apiGroups"] for r in rule["resources"]}
+        assert rules[("argoproj.io", "workflowtaskresults")] == {"create", "patch"}
+        assert {"create", "get", "watch", "delete"} <= rules[("batch.volcano.sh", "jobs")]
+        assert not any(r in {"secrets", "pods/exec", "roles", "rolebindings"} for _, r in rules)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workflow_pods_and_only_they_reach_the_api_server(stack: str) -> None:
+    cilium = settings_of(read_stack(stack)).addons.cilium.enabled
+    policies = _objects(stack, "CiliumNetworkPolicy" if cilium else "NetworkPolicy", API_SERVER_POLICY)
+    assert sorted(policies) == sorted(t.namespace_name for t in settings_of(read_stack(stack)).tenants)
+    for policy in policies.values():
+        spec = policy["spec"]
+        if cilium:
+            assert spec["endpointSelector"] == {
+                "matchLabels": {"io.cilium.k8s.policy.serviceaccount": names.WORKFLOW_SERVICE_ACCOUNT}}
+            assert spec["egress"] == [{"toEntities": ["kube-apiserver"]}]
+        else:
+            assert spec["podSelector"]["matchExpressions"][0]["key"] == "workflows.argoproj.io/workflow"
+            assert spec["policyTypes"] == ["Egress"]
+            assert {p["port"] for rule in spec["egress"] for p in rule["ports"]} == {443, 6443}
