@@ -80,7 +80,12 @@ def test_controller_and_server_run_pinned_images_on_system_nodes(stack: str) -> 
     assert len(deployments) == 2
     images = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
     for d in deployments:
-        assert d["spec"]["template"]["spec"]["nodeSelector"][names.ROLE_LABEL] == "system"
+        pod = d["spec"]["template"]["spec"]
+        assert pod["nodeSelector"][names.ROLE_LABEL] == "system"
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        (container,) = pod["containers"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert "livenessProbe" in container
     (controller,) = [d for d in deployments if "controller" in d["metadata"]["name"]]
     args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     images.add(args[args.index("--executor-image") + 1])
