@@ -13,13 +13,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from jsonschema import Draft7Validator
 from trainyard import names
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import Settings
 from trainyard.config.load import platform_namespaces
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import available_stacks, plan_stack, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.mlflow import (
     ALLOWED_HOSTS,
@@ -199,3 +200,24 @@ def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: st
     assert "cloudnative-pg" in [r.inputs["chart"] for r in releases]
     assert namespace.urn in cluster.depends_on
     assert cluster.protect is cluster.retain_on_delete is _settings(stack).protect
+
+
+LOCAL_DATABASE_STACKS = [s for s in STACKS if _settings(s).target == "local"]
+
+
+@pytest.mark.parametrize("stack", LOCAL_DATABASE_STACKS)
+def test_local_database_matches_the_operator_the_release_renders(stack: str) -> None:
+    """The Cluster is valid against the CRD the cloudnative-pg release itself installs (the version that will admit
+    it), and the operator that reconciles it runs on the system nodes, scraped when monitoring is on."""
+    release = plan_stack(read_stack(stack)).rendered.releases["cloudnative-pg"]
+    (crd,) = [o for o in release.of_kind("CustomResourceDefinition") if o["spec"]["names"]["kind"] == "Cluster"]
+    (cluster,) = [manifest_of(r) for r in _records(stack, "Cluster", names.MLFLOW_NAMESPACE)]
+    group, version = cluster["apiVersion"].split("/")
+    assert crd["spec"]["group"] == group
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in Draft7Validator(served["schema"]["openAPIV3Schema"]).iter_errors(cluster)]
+    assert errors == []
+    (operator,) = release.of_kind("Deployment")
+    assert operator["spec"]["template"]["spec"]["nodeSelector"][names.ROLE_LABEL] == "system"
+    assert bool(list(release.of_kind("PodMonitor"))) is _settings(stack).addons.monitoring.enabled
