@@ -22,7 +22,10 @@ from .logs import kv, setup_logging
 from .loop import Trainer
 from .preflight import check, check_memory, check_resumable, config_error_line, parse_args
 from .signals import final_exit
+from .tracking import start_tracker
 from .validate import check_launch
+
+TRACKER_CLOSE_S = 15.0
 
 
 def _exported(cfg: Config, runtime: Runtime) -> ExportWatcher | None:
@@ -55,15 +58,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning(kv("shared_rendezvous_store", fix="set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun"))
     runtime = init_distributed(env, cfg.comm.timeout_s)
     watcher = None
+    tracker = start_tracker(cfg, env.is_main)  # None unless MLFLOW_TRACKING_URI is set (rank 0 only)
+    failed = True
     try:
         try:
             watcher = _exported(cfg, runtime)
-            code = Trainer(cfg, runtime).run()
+            trainer = Trainer(cfg, runtime)
+            if tracker is not None:
+                trainer.progress.listeners.append(tracker.record)
+            code = trainer.run()
+            failed = False
         except ConfigError as exc:  # found once the data, the world size and the checkpoints are known
             return final_exit(CONFIG_ERROR, config_error_line(exc))
         finally:
             if watcher is not None:  # the last commit's upload, within the stop's grace period
                 watcher.close(cfg.shutdown.grace_period_s)
+            if tracker is not None:  # after the upload: its reference names the exported copy
+                tracker.close(min(TRACKER_CLOSE_S, cfg.shutdown.grace_period_s), failed=failed)
         # Leave together: a rank tearing down gloo while its peer still finishes the last commit
         # intermittently aborted ("terminate called without an active exception") on CPU.
         dist.barrier(group=runtime.cpu_group)
