@@ -5,6 +5,7 @@ the real Helm, and shows what it would create; `--rehearse` then walks it in the
 fails (exit 1) on the first resource that would hang or fail.
 `diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
 `region` prints a stack's validated AWS region, so CI configures credentials for the region the stack deploys to.
+`submit` renders a tenant's own job file with the stack's code, checks it, and prints, writes or applies it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trainyard.plan.rendering import RenderError
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, check_unique_objects, write_plan
 from trainyard.safe_paths import UnsafePathError, write_file
+from trainyard.submit import main as submit_job
 
 GRAPH_SUFFIXES = (".dot", ".mmd")
 
@@ -57,6 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     region = commands.add_parser("region", help="print a stack's validated AWS region (CI configures credentials "
                                                  "for it)")
     region.add_argument("--stack", required=True)
+    submit = commands.add_parser("submit", help="a tenant's own job: render it as the stack would, check it, then "
+                                                 "print (--dry-run), write (--out) or server-side apply it")
+    submit.add_argument("--stack", required=True, help="the stack whose cluster runs it")
+    submit.add_argument("--job", required=True, type=Path, help="one trainyard:workloads entry as a YAML file")
+    submit.add_argument("--dry-run", action="store_true", help="print the manifests, send nothing")
+    submit.add_argument("--out", type=Path, help="write the manifests into this folder, send nothing")
+    submit.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG or ~/.kube/config")
+    submit.add_argument("--context", help="the kubeconfig context (default: its current-context)")
+    submit.add_argument("--pipeline", action="store_true",
+                        help="the job as an Argo WorkflowTemplate: prepare data, train, gate, register (pipeline.py)")
+    submit.add_argument("--model-name", help="with --pipeline: the registered model's name (default: the job's)")
     args = parser.parse_args(argv)
     # Config warnings (pulumi.log.warn, which the mock engine hands to logging) read like the errors below.
     logging.addLevelName(logging.WARNING, "warning")
@@ -66,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff(args.base, args.stacks, args.format)
         if args.command == "region":
             return _region(read_stack(args.stack))
+        if args.command == "submit":
+            return submit_job(read_stack(args.stack), args.job, dry_run=args.dry_run, out=args.out,
+                              kubeconfig=args.kubeconfig, context=args.context, pipeline=args.pipeline,
+                              model_name=args.model_name)
         return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
     except (InputError, ConfigError) as error:
         # Bad input is the user's to fix: one message, no traceback, exit 2 (as argparse does for bad options).

@@ -1,0 +1,230 @@
+"""`python -m trainyard submit` (trainyard/submit.py): a tenant's job file rendered by the stack's own code, checked
+before anything is written or sent, and applied with server-side apply (against a local stand-in for the API server
+that records each request)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from trainyard.__main__ import main as cli
+from trainyard.plan.conformance import check_manifest
+from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform.tenants import queue_name
+from trainyard.submit import FIELD_MANAGER, WORKLOADS_KEY, apply, apply_requests, render_job
+from trainyard.workloads.pod import JOB_LABEL
+
+STACKS = available_stacks()
+
+
+def jobs_of(stack: StackFile) -> list[dict[str, Any]]:
+    jobs: list[dict[str, Any]] = json.loads(stack.values.get(WORKLOADS_KEY, "[]"))
+    return jobs
+
+
+def without(stack: StackFile, name: str) -> StackFile:
+    rest = [j for j in jobs_of(stack) if j["name"] != name]
+    return StackFile(stack.stack, {**stack.values, WORKLOADS_KEY: json.dumps(rest)}, stack.secret_keys)
+
+
+def write_job(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("stack_name", STACKS)
+def test_a_submitted_job_is_exactly_what_the_stack_would_deploy(stack_name: str, tmp_path: Path) -> None:
+    """One source of truth: the stack's first job, taken out of the stack and submitted by a tenant instead, gives
+    the same objects, field for field, as `pulumi up` creates for it in the stack."""
+    stack = read_stack(stack_name)
+    jobs = jobs_of(stack)
+    if not jobs:
+        pytest.fail(f"stack {stack_name} has no workloads to compare with")
+    spec = jobs[0]
+    deployed = sorted((manifest_of(r) for r in render(stack).resources if is_kubernetes_object(r)
+                       and (r.inputs.get("metadata") or {}).get("labels", {}).get(JOB_LABEL) == spec["name"]),
+                      key=lambda m: (m["kind"], m["metadata"]["name"]))
+    submitted = sorted(render_job(without(stack, spec["name"]), spec, write_job(tmp_path, spec)),
+                       key=lambda m: (m["kind"], m["metadata"]["name"]))
+    assert [m["kind"] for m in submitted] == [m["kind"] for m in deployed] and "Job" in {m["kind"] for m in submitted}
+    assert submitted == deployed
+
+
+@pytest.mark.parametrize("stack_name", STACKS)
+def test_every_tenant_can_submit_a_job(stack_name: str, tmp_path: Path) -> None:
+    stack = read_stack(stack_name)
+    settings = settings_of(stack)
+    template = jobs_of(stack)[0]
+    for tenant in settings.tenants:
+        spec = {**template, "name": f"submitted-{tenant.name}"[:52], "tenant": tenant.name}
+        manifests = render_job(stack, spec, write_job(tmp_path, spec))
+        (job,) = [m for m in manifests if m["kind"] == "Job"]
+        assert job["metadata"]["namespace"] == tenant.namespace_name
+        assert job["spec"]["queue"] == queue_name(tenant)  # the one queue its namespace may use
+        assert {m["metadata"]["namespace"] for m in manifests} == {tenant.namespace_name}  # nothing outside it
+
+
+def bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: Any, stack: str = "dev") -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert cli(["submit", "--stack", stack, "--job", str(path), "--out", str(out)]) == 2
+    assert not out.exists()  # nothing written
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    return captured.err
+
+
+def test_bad_job_files_are_refused_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = read_stack("dev")
+    settings = settings_of(stack)
+    good = {**jobs_of(stack)[0], "name": "mine"}
+    tenants = sorted(t.name for t in settings.tenants)
+    pool = good["nodePool"]
+
+    err = bad(tmp_path, capsys, {**good, "tenant": "nobody"})
+    assert f"job.yaml: tenant: unknown tenant 'nobody'; tenants: {', '.join(tenants)}" in err
+    err = bad(tmp_path, capsys, {**good, "nodePool": "nowhere"})
+    assert "job.yaml: nodePool: unknown pool 'nowhere'" in err
+    err = bad(tmp_path, capsys, {**good, "minNodes": 2, "maxNodes": 1, "gpuPerNode": 1})
+    assert "job.yaml: minNodes: 2 is greater than maxNodes 1" in err
+    assert "job.yaml: gpuPerNode:" in err  # a misspelt key is named, not ignored
+    assert err.startswith("error: 2 problems; nothing was written or sent:")
+    err = bad(tmp_path, capsys, {**good, "trainerConfig": "../../etc/passwd"})
+    assert "job.yaml: trainerConfig: '../../etc/passwd' must be the name of a file in workloads/configs/" in err
+    err = bad(tmp_path, capsys, {**good, "name": jobs_of(stack)[0]["name"]})
+    assert f"name: {jobs_of(stack)[0]['name']!r} is a job of stack 'dev' itself" in err
+    err = bad(tmp_path, capsys, "- just\n- a list\n")
+    assert "job.yaml: expected a map of job keys" in err
+    err = bad(tmp_path, capsys, "name: [unclosed\n")
+    assert "job.yaml" in err and err.count("\n") <= 2
+    assert pool  # the dev stack's job runs on a pool: the pool case above refused a real key
+
+
+def test_a_trainer_config_the_gpus_cannot_hold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = read_stack("dev")
+    good = {**jobs_of(stack)[0], "name": "too-big", "trainerConfig": "llama-7b.yaml", "kind": "smoke",
+            "minNodes": 1, "maxNodes": 1, "gpusPerNode": 1}
+    err = bad(tmp_path, capsys, good)
+    assert "job.yaml: trainerConfig: the trainer refuses its config (/etc/trainyard/llama-7b.yaml" in err
+    assert "more than the GPU's" in err and err.count("\n") == 1
+
+
+def test_a_missing_job_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["submit", "--stack", "dev", "--job", str(tmp_path / "none.yaml"), "--dry-run"]) == 2
+    assert f"--job {tmp_path / 'none.yaml'}: no such file" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = read_stack("dev")
+    spec = {**jobs_of(stack)[0], "name": "printed"}
+    assert cli(["submit", "--stack", "dev", "--job", str(write_job(tmp_path, spec)), "--dry-run"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert printed == render_job(stack, spec, tmp_path / "job.yaml")
+
+
+class _ApiServer(BaseHTTPRequestHandler):
+    seen: list[dict[str, Any]]
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_PATCH(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self.seen.append({"path": self.path, "headers": headers, "body": json.loads(body)})
+        denied = "persistentvolumeclaims" in self.path and self.headers["Authorization"] != "Bearer tenant-token"
+        status = 403 if denied else 200
+        answer = json.dumps({"kind": "Status", "message": "forbidden"} if denied else json.loads(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+
+@pytest.fixture
+def api_server(tmp_path: Path) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Api", (_ApiServer,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "tenant",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {"token": "tenant-token"}}],
+        "contexts": [{"name": "tenant", "context": {"cluster": "c", "user": "u"}}]}))
+    yield kubeconfig, seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_apply_sends_each_manifest_as_a_server_side_apply(tmp_path: Path, api_server: Any,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig, seen = api_server
+    stack = read_stack("dev")
+    spec = {**jobs_of(stack)[0], "name": "applied"}
+    manifests = render_job(stack, spec, write_job(tmp_path, spec))
+    assert cli(["submit", "--stack", "dev", "--job", str(tmp_path / "job.yaml"), "--kubeconfig", str(kubeconfig)]) == 0
+    assert [(r["path"].split("?")[0], r["body"]) for r in seen] == apply_requests(manifests)
+    for request in seen:
+        assert request["headers"]["content-type"] == "application/apply-patch+yaml"
+        assert request["headers"]["authorization"] == "Bearer tenant-token"
+        assert f"fieldManager={FIELD_MANAGER}" in request["path"] and "force=true" in request["path"]
+    namespace = manifests[0]["metadata"]["namespace"]
+    assert f"kubectl -n {namespace} get vcjob applied -w" in capsys.readouterr().out
+    paths = [r["path"].split("?")[0] for r in seen]
+    assert f"/apis/batch.volcano.sh/v1alpha1/namespaces/{namespace}/jobs/applied" in paths
+
+
+def test_a_refused_apply_is_one_line(tmp_path: Path, api_server: Any) -> None:
+    kubeconfig, _seen = api_server
+    other = yaml.safe_load(kubeconfig.read_text())
+    other["users"][0]["user"]["token"] = "someone-else"
+    kubeconfig.write_text(yaml.safe_dump(other))
+    stack = read_stack("dev")
+    spec = {**jobs_of(stack)[0], "name": "denied"}
+    manifests = render_job(stack, spec, write_job(tmp_path, spec))
+    with pytest.raises(Exception, match=r"^PersistentVolumeClaim .+: the API server refused it \(403\): forbidden$"):
+        apply(manifests, kubeconfig, None)
+
+
+@pytest.mark.parametrize("stack_name", STACKS)
+def test_the_pipeline_is_a_valid_workflow_template_around_the_same_job(stack_name: str, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    stack = read_stack(stack_name)
+    settings = settings_of(stack)
+    spec = {**jobs_of(stack)[0], "name": "piped"}
+    job_file = write_job(tmp_path, spec)
+    assert cli(["submit", "--stack", stack_name, "--job", str(job_file), "--pipeline", "--dry-run"]) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    manifests = render_job(stack, spec, job_file)
+    (template,) = [m for m in printed if m["kind"] == "WorkflowTemplate"]
+    # The job's other objects as they are; the Job itself only inside the workflow's train step.
+    assert [m for m in printed if m["kind"] != "WorkflowTemplate"] == [m for m in manifests if m["kind"] != "Job"]
+    assert check_manifest(template, settings.cluster.kubernetes_version) == []  # Argo v4.0.6's CRD schema
+    steps = {t["name"]: t for t in template["spec"]["templates"]}
+    (job,) = [m for m in manifests if m["kind"] == "Job"]
+    trained = yaml.safe_load(steps["train"]["resource"]["manifest"])
+    job_container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    train_container = trained["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    assert train_container["args"][:len(job_container["args"])] == job_container["args"]
+    assert train_container["args"][len(job_container["args"]):] == [
+        "data.path=/checkpoints/data/{{workflow.parameters.data-version}}", "data.generate=false",
+        "train.steps={{workflow.parameters.steps}}"]
+    train_container["args"] = job_container["args"]  # otherwise the very Job, less the plan's checkov notes
+    assert trained == {**job, "metadata": {k: v for k, v in job["metadata"].items() if k != "annotations"}}
+    for name in ("prepare", "evaluate", "register"):
+        container = steps[name]["container"]
+        assert container["image"] == spec["image"]
+        assert container["securityContext"] == job_container["securityContext"]
+    assert steps["evaluate"]["container"]["resources"] == job_container["resources"]  # measured on the job's GPUs
+    assert template["spec"]["serviceAccountName"] == "workflow"
