@@ -20,6 +20,7 @@ from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
 from trainyard.config import Settings
 from trainyard.plan.engine_order import creation_order
+from trainyard.plan.job_rules import job_demand
 from trainyard.plan.pods import lookup
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rehearse import Finding
@@ -312,3 +313,35 @@ def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> N
 
     old = edit(fresh(), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
     assert named(rehearsed(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
+
+
+# -------------------------------------------------------------------------------------------- issue 19
+
+
+def _queue_with_gpu_jobs() -> tuple[str, str, float]:
+    """Some stack's Volcano queue with a GPU capability and GPU jobs in it: (stack, queue, the jobs' GPUs)."""
+    for stack in available_stacks():
+        records = rendered(stack).resources
+        jobs = [r for r in records if r.type.endswith("volcano.sh/v1alpha1:Job")]
+        for queue in (r for r in records if r.type.endswith(":Queue")):
+            name = lookup(queue.inputs, "metadata.name")
+            if "nvidia.com/gpu" not in (lookup(queue.inputs, "spec.capability", {}) or {}):
+                continue
+            gpus = sum(job_demand(j).get("nvidia.com/gpu", 0.0) for j in jobs
+                       if (lookup(j.inputs, "spec.queue", "default") or "default") == name)
+            if gpus:
+                return stack, str(name), gpus
+    raise AssertionError("no stack has a queue with a GPU capability and GPU jobs in it")
+
+
+def test_issue_19_finding_7_a_queue_handed_more_than_its_capability_is_named() -> None:
+    """The old stacks handed a queue jobs whose pods, all created at once (volcano 4710), exceeded its capability."""
+    stack, queue, gpus = _queue_with_gpu_jobs()
+
+    def short(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["capability"]["nvidia.com/gpu"] = str(int(gpus) - 1)
+
+    old = edit(fresh(stack), lambda r: r.type.endswith(":Queue") and lookup(r.inputs, "metadata.name") == queue,
+               short)
+    (found,) = named(rehearsed(old).findings, "queue-demand-fits", of_type("volcano.sh/v1alpha1:Job"), old)
+    assert f"queue {queue}'s jobs" in found.problem and f"{gpus:g} nvidia.com/gpu" in found.problem, found.problem

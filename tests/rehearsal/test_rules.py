@@ -346,11 +346,42 @@ def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None
     gang = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "queue": "team"}}, (volcano, queue))
     plugin = gpu_operator(system)
     problems = findings(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, gang)
-    assert [f.rule for f in problems] == ["queue-fits", "karpenter-can-launch"]
+    assert [f.rule for f in problems] == ["queue-fits", "karpenter-can-launch", "queue-demand-fits"]
     assert "queue team may hold: 24 nvidia.com/gpu (capability 16)" in problems[0].problem
     assert "limits of NodePool(s) h100 allow (16)" in problems[1].problem
+    assert "24 nvidia.com/gpu (capability 16)" in problems[2].problem
+    # A gang of 2 fits the queue, but Volcano creates the third pod too and Karpenter buys its node (volcano 4710).
     two = rec(gang.type, gang.name, {"spec": {**gang.inputs["spec"], "minAvailable": 2}}, (volcano, queue))
-    assert findings(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, two) == []
+    assert rules_of(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, two) == [
+        ("queue-demand-fits", "train")]
+    two_of_two = rec(gang.type, gang.name, {"spec": {**two.inputs["spec"], "tasks": [
+        {**two.inputs["spec"]["tasks"][0], "replicas": 2}]}}, (volcano, queue))
+    assert findings(eks, cni, system, karpenter, plugin, node_class, limited, volcano, queue, two_of_two) == []
+
+
+def test_the_jobs_of_a_queue_at_full_replicas_must_fit_its_capability() -> None:
+    """Each job's gang fits the queue alone; together they ask more, and every pod of each is created."""
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = karpenter_pool("h100", "p5.48xlarge", karpenter, taints=[GPU_TAINT])
+    volcano = _volcano("allocate, backfill", system)
+    plugin = gpu_operator(system)
+
+    def queued(capability: str, *names: str) -> list[Finding]:
+        queue = rec("kubernetes:scheduling.volcano.sh/v1beta1:Queue", "q", {
+            "metadata": {"name": "team"}, "spec": {"capability": {"nvidia.com/gpu": capability}}}, (volcano,))
+        jobs = []
+        for name in names:
+            one = job(name, gpu_pod("h100", {"nvidia.com/gpu": "8"}), volcano, queue)
+            jobs.append(rec(one.type, one.name, {"spec": {**one.inputs["spec"], "queue": "team"}}, (volcano, queue)))
+        return findings(eks, cni, system, karpenter, plugin, node_class, pool, volcano, queue, *jobs)
+
+    (over,) = queued("16", "b-train", "a-train", "c-train")
+    assert (over.rule, over.name) == ("queue-demand-fits", "a-train")
+    assert "queue team's jobs (a-train, b-train, c-train)" in over.problem
+    assert "24 nvidia.com/gpu (capability 16)" in over.problem
+    assert queued("24", "b-train", "a-train", "c-train") == []
+    assert queued("16", "a-train", "b-train") == []
 
 
 def test_three_mons_need_three_nodes_their_placement_admits() -> None:

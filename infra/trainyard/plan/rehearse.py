@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import lifecycle, readiness, rendered_rules
+from trainyard.plan import job_rules, lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import Moment
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
-# Convergence of `pulumi up` (readiness, and rendered_rules on what the charts render) and the bounds on what it
-# leaves running (lifecycle).
-RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES)
+# Convergence of `pulumi up` (readiness, rendered_rules on what the charts render, job_rules on what each queue is
+# handed) and the bounds on what it leaves running (lifecycle).
+RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES)
 
 
 @dataclass(frozen=True, slots=True)
