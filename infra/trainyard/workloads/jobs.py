@@ -18,6 +18,10 @@ from trainyard.workloads.pod import PodShape, checkpoint_claim_name, config_map_
 
 POD_MONITOR_API = "monitoring.coreos.com/v1"
 SCRAPE_INTERVAL = "30s"
+# Only global rank 0 serves metrics, so a job's other targets are down by design: this target label marks them for
+# platform/monitoring/rules/cluster.rules.yaml, whose TrainyardTargetDown replaces kube-prometheus-stack's TargetDown
+# (which would fire for every multi-pod job) and whose TrainingMetricsDown fires when no pod of a job serves.
+RANK_ZERO_LABEL = ("trainyard_metrics", "rank-0-only")
 
 
 class _TrainingJob(pulumi.ComponentResource):
@@ -61,8 +65,12 @@ class _TrainingJob(pulumi.ComponentResource):
                           "labels": job_labels(args)},
                 spec={
                     "selector": {"matchLabels": {"trainyard.io/job": args.job.name}},
-                    # Only global rank 0 serves metrics; the other pods' targets are expected to be down.
-                    "podMetricsEndpoints": [{"port": "metrics", "interval": SCRAPE_INTERVAL}],
+                    "podMetricsEndpoints": [{
+                        "port": "metrics", "interval": SCRAPE_INTERVAL,
+                        # A relabeling without source labels sets the label on every target (Prometheus
+                        # relabel_config: action replace, regex (.*) matches the empty source).
+                        "relabelings": [{"targetLabel": RANK_ZERO_LABEL[0], "replacement": RANK_ZERO_LABEL[1]}],
+                    }],
                 },
                 opts=k8s_options(cluster, self, [*ready, args.monitoring]),
             )
