@@ -345,3 +345,25 @@ def test_issue_19_finding_7_a_queue_handed_more_than_its_capability_is_named() -
                short)
     (found,) = named(rehearsed(old).findings, "queue-demand-fits", of_type("volcano.sh/v1alpha1:Job"), old)
     assert f"queue {queue}'s jobs" in found.problem and f"{gpus:g} nvidia.com/gpu" in found.problem, found.problem
+
+
+def test_issue_19_finding_3_the_source_mount_under_its_name_is_named() -> None:
+    """The old source Dataset mounted the S3 prefix without `path: /`, so Fluid showed it under /s3 of every claim
+    while the jobs read the claim's root."""
+    stack = next(s for s in available_stacks() if any(
+        str(a).startswith("data.path=") for r in rendered(s).resources if r.type.endswith("volcano.sh/v1alpha1:Job")
+        for t in lookup(r.inputs, "spec.tasks", ()) for c in lookup(t, "template.spec.containers", ())
+        for a in c.get("args", ())))
+
+    def under_its_name(inputs: dict[str, Any]) -> None:
+        for mount in inputs["spec"]["mounts"]:
+            mount.pop("path", None)
+
+    old = edit(fresh(stack), lambda r: r.type.endswith(":Dataset") and not any(
+        str(m.get("mountPoint", "")).startswith("dataset://") for m in lookup(r.inputs, "spec.mounts", ())),
+        under_its_name)
+    found = named(rehearsed(old).findings, "dataset-path-served", of_type("volcano.sh/v1alpha1:Job"), old)
+    readers = {r.name for r in old.resources if r.type.endswith("volcano.sh/v1alpha1:Job") and "data.path=" in str(
+        r.inputs)}
+    assert readers and {f.name for f in found} == readers
+    assert all("shows the dataset's prefix at /data/s3" in f.problem for f in found), found

@@ -520,3 +520,31 @@ def test_whole_gpus_on_a_mig_pool_would_hang() -> None:
     slices = job("eval", gpu_pod("h100", {"nvidia.com/mig-1g.10gb": "1"}), volcano)
     assert "whole-gpus-on-mig" not in [f.rule for f in findings(eks, cni, system, karpenter, plugin, node_class,
                                                                   mig_pool, volcano, slices)]
+
+
+def test_a_trainer_reading_its_dataset_where_fluid_does_not_show_it_is_named() -> None:
+    """Fluid shows a source mount without `path: /` under /<mount name> of the claim (issue 19 finding 3)."""
+    eks, cni, system = base()
+    dataset_type = "kubernetes:data.fluid.io/v1alpha1:Dataset"
+    fluid = release("fluid", "fluid", {}, system)
+    tenant = rec(dataset_type, "tenant", {"metadata": {"name": "training-data", "namespace": "team"}, "spec": {
+        "mounts": [{"mountPoint": "dataset://data/training-data", "readOnly": True}]}}, (fluid,))
+
+    def served(mount: dict[str, str], data_path: str) -> list[Finding]:
+        source = rec(dataset_type, "source", {"metadata": {"name": "training-data", "namespace": "data"},
+                                              "spec": {"mounts": [{"name": "s3", **mount}]}}, (fluid,))
+        pod = {"containers": [{"name": "trainer", "args": ["-m", "trainyard_train", data_path],
+                               "volumeMounts": [{"name": "dataset", "mountPath": "/data", "readOnly": True}]}],
+               "volumes": [{"name": "dataset", "persistentVolumeClaim": {"claimName": "training-data"}}]}
+        train = rec("kubernetes:batch.volcano.sh/v1alpha1:Job", "train", {
+            "metadata": {"name": "train", "namespace": "team"},
+            "spec": {"minAvailable": 1, "tasks": [{"name": "worker", "replicas": 1, "template": {"spec": pod}}]}},
+            (tenant,))
+        return [f for f in findings(eks, cni, system, fluid, source, tenant, train) if f.rule == "dataset-path-served"]
+
+    (found,) = served({"mountPoint": "s3://bucket/datasets"}, "data.path=/data/successor-v1")
+    assert found.name == "train"
+    assert "reads data.path=/data/successor-v1, but its claim training-data shows the dataset's prefix at /data/s3" \
+        in found.problem
+    assert served({"mountPoint": "s3://bucket/datasets"}, "data.path=/data/s3/successor-v1") == []
+    assert served({"mountPoint": "s3://bucket/datasets", "path": "/"}, "data.path=/data/successor-v1") == []

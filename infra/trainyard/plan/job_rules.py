@@ -1,12 +1,19 @@
 """Readiness rules on what a Volcano job meets once the job controller has created its pods (issue 19): the
-demand its queue is handed, applied by the rehearsal beside `readiness.RULES`."""
+demand its queue is handed and the dataset its trainer reads, applied by the rehearsal beside `readiness.RULES`."""
 
 from __future__ import annotations
 
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
 from trainyard.plan.cluster_model import GIB, quantity
 from trainyard.plan.pods import lookup
-from trainyard.plan.readiness import QUEUES, VOLCANO_JOB, Moment, Rule, task_pods
+from trainyard.plan.readiness import DATASET, QUEUES, VOLCANO_JOB, Moment, Rule, task_pods
 from trainyard.plan.recording import ResourceRecord
+from trainyard.platform.alluxio import REFERENCE_SCHEME, claim_subpath, unified_namespace_path
+
+DATA_PATH = "data.path="
 
 
 def _queue(record: ResourceRecord) -> str:
@@ -48,6 +55,57 @@ def queue_demand_fits(record: ResourceRecord, moment: Moment) -> str | None:
             "the ones it never admits")
 
 
+# A job reads its dataset through a claim Fluid makes for a Dataset of the same name. A `dataset://<ns>/<name>[/<sub>]`
+# reference shows the source's mount at its Alluxio namespace path below <sub>, a plain Dataset each mount at its
+# own (fluid v1.0.8 pkg/utils/ufs_path_builder.go, pkg/ddc/thin/referencedataset/volume.go; alluxio.claim_subpath).
+# A trainer whose data.path lies elsewhere finds no manifest and stops with a config error on every pod.
+def dataset_path_served(record: ResourceRecord, moment: Moment) -> str | None:
+    namespace = lookup(record.inputs, "metadata.namespace")
+    datasets = {(lookup(r.inputs, "metadata.namespace"), lookup(r.inputs, "metadata.name")): r.inputs
+                for r in moment.records.values() if r.type == DATASET}
+    for task in lookup(record.inputs, "spec.tasks", ()) or ():
+        spec = lookup(task, "template.spec", {}) or {}
+        claims = {v.get("name"): lookup(v, "persistentVolumeClaim.claimName") for v in spec.get("volumes") or ()}
+        for container in spec.get("containers") or ():
+            for path in (str(a).removeprefix(DATA_PATH) for a in container.get("args") or () if
+                         str(a).startswith(DATA_PATH)):
+                for mount in container.get("volumeMounts") or ():
+                    claim = claims.get(mount.get("name"))
+                    dataset, root = datasets.get((namespace, claim)), str(mount.get("mountPath", "")).rstrip("/")
+                    if dataset is None or not _under(path, root):
+                        continue
+                    try:
+                        served = _served_at(dataset, datasets, root)
+                    except ValueError as exc:
+                        return f"its dataset claim {claim}: {exc}"
+                    if served is not None and not _under(path, served):
+                        return (f"{container.get('name')} reads {DATA_PATH}{path}, but its claim {claim} shows the "
+                                f"dataset's prefix at {served}: the trainer finds no manifest there and stops with "
+                                "a config error")
+    return None
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _served_at(dataset: Mapping[str, Any], datasets: Mapping[tuple[Any, Any], Mapping[str, Any]],
+               root: str) -> str | None:
+    """Where the claim of `dataset`, mounted at `root`, shows the data of its (first) mount."""
+    mounts = lookup(dataset, "spec.mounts", ()) or ()
+    if not mounts:
+        return None
+    point = str(mounts[0].get("mountPoint", ""))
+    if not point.startswith(REFERENCE_SCHEME):
+        return posixpath.join(root, unified_namespace_path(mounts[0]).strip("/")).rstrip("/")
+    namespace, _, rest = point.removeprefix(REFERENCE_SCHEME).partition("/")
+    source = datasets.get((namespace, rest.split("/", 1)[0]))
+    source_mounts = lookup(source, "spec.mounts", ()) if source is not None else ()
+    if not source_mounts:
+        return None
+    return posixpath.join(root, claim_subpath(source_mounts[0], point)).rstrip("/")
+
+
 def _amount(resource: str, value: float) -> str:
     return f"{value / GIB:.1f}Gi" if resource == "memory" else f"{value:g}"
 
@@ -55,4 +113,6 @@ def _amount(resource: str, value: float) -> str:
 RULES: tuple[Rule, ...] = (
     Rule("queue-demand-fits", lambda record: record.type == VOLCANO_JOB, queue_demand_fits,
          "volcano-sh/volcano issue 4710; Volcano 1.15 job_controller_actions.go"),
+    Rule("dataset-path-served", lambda record: record.type == VOLCANO_JOB, dataset_path_served,
+         "fluid v1.0.8 pkg/utils/ufs_path_builder.go, pkg/ddc/thin/referencedataset/volume.go"),
 )
