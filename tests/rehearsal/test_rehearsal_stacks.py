@@ -367,3 +367,30 @@ def test_issue_19_finding_3_the_source_mount_under_its_name_is_named() -> None:
         r.inputs)}
     assert readers and {f.name for f in found} == readers
     assert all("shows the dataset's prefix at /data/s3" in f.problem for f in found), found
+
+
+def _cache_stack() -> str:
+    return next(s for s in available_stacks() if any(release_of("fluid")(r) for r in rendered(s).resources))
+
+
+def test_issue_19_finding_1_the_csi_plugin_borrowing_the_kubelet_kubeconfig_is_named() -> None:
+    """Fluid's default node authorization mounts /etc/kubernetes/kubelet.conf, which AL2023 nodes lack."""
+    def node_authorization(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("csi", {})["useNodeAuthorization"] = True
+
+    old = edit(fresh(_cache_stack()), release_of("fluid"), node_authorization)
+    (found,) = named(rehearsed(old).findings, "host-paths-exist", release_of("fluid"), old)
+    assert "/etc/kubernetes/kubelet.conf" in found.problem, found.problem
+
+
+def test_issue_19_finding_8_fluid_controllers_tolerating_every_taint_are_named() -> None:
+    """The old values let Fluid's controllers and webhook tolerate every taint (GPU and storage pools included)."""
+    def everywhere(inputs: dict[str, Any]) -> None:
+        values = inputs["values"]
+        for key in ("dataset", "webhook"):
+            values.setdefault(key, {})["tolerations"] = [{"operator": "Exists"}]
+        values.setdefault("runtime", {}).setdefault("alluxio", {})["tolerations"] = [{"operator": "Exists"}]
+
+    old = edit(fresh(_cache_stack()), release_of("fluid"), everywhere)
+    (found,) = named(rehearsed(old).findings, "controllers-off-special-nodes", release_of("fluid"), old)
+    assert "alluxioruntime-controller" in found.problem and "can land on" in found.problem, found.problem
