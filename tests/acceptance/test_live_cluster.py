@@ -129,14 +129,42 @@ def test_volcano_queues_open(cluster: Cluster, plan: Recording) -> None:
     assert {name: states.get(name) for name in expected} == {name: "Open" for name in expected}
 
 
-def test_prometheus_scrapes_dcgm(cluster: Cluster, plan: Recording) -> None:
+def prometheus(cluster: Cluster, plan: Recording, promql: str) -> list[dict[str, Any]]:
     namespace = release_namespace(plan, "kube-prometheus-stack")
-    query = urllib.parse.quote('up{job=~".*dcgm.*"}')
     answer = cluster.raw(f"/api/v1/namespaces/{namespace}/services/prometheus-operated:web/proxy/api/v1/query"
-                         f"?query={query}")
-    series = answer["data"]["result"]
+                         f"?query={urllib.parse.quote(promql)}")
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def test_prometheus_scrapes_dcgm(cluster: Cluster, plan: Recording) -> None:
+    series = prometheus(cluster, plan, 'up{job=~".*dcgm.*"}')
     assert series, "Prometheus has no DCGM exporter target"
     assert {s["metric"].get("instance"): s["value"][1] for s in series if s["value"][1] != "1"} == {}
+
+
+def test_every_dcgm_exporter_collects_the_profiling_fields(cluster: Cluster, plan: Recording) -> None:
+    """The GPU alerts read DCGM_FI_PROF_GR_ENGINE_ACTIVE; an exporter whose host engine cannot take DCGM's
+    profiling module (held by another engine on the node, NVIDIA/dcgm-exporter issue 7) serves none (issue 19
+    finding 20)."""
+    up = {s["metric"].get("instance") for s in prometheus(cluster, plan, 'up{job=~".*dcgm.*"} == 1')}
+    profiled = {s["metric"].get("instance") for s in prometheus(
+        cluster, plan, "count by (instance) (DCGM_FI_PROF_GR_ENGINE_ACTIVE)")}
+    assert up, "Prometheus has no DCGM exporter target up"
+    assert up - profiled == set()
+
+
+def test_volcano_job_retries_are_collected(cluster: Cluster, plan: Recording) -> None:
+    """TrainingJobRetriesRunningOut's input: kube-state-metrics reports every Volcano Job's maxRetry (finding 24)."""
+    jobs = {(j["metadata"]["namespace"], j["metadata"]["name"]) for j in kinds(plan, "Job")
+            if j["apiVersion"].startswith("batch.volcano.sh/")}
+    if not jobs:
+        pytest.skip("the stack runs no Volcano job")
+    live = {(j["metadata"]["namespace"], j["metadata"]["name"]) for j in cluster.get("jobs.batch.volcano.sh")}
+    reported = {(s["metric"].get("namespace"), s["metric"].get("volcano_job"))
+                for s in prometheus(cluster, plan, "trainyard_volcano_job_max_retry")}
+    assert jobs & live, "none of the stack's Volcano jobs exists"
+    assert (jobs & live) - reported == set()
 
 
 def test_smoke_training_job_completes(cluster: Cluster, plan: Recording) -> None:
