@@ -53,6 +53,11 @@ def stacks_where(has: Callable[[Settings], bool]) -> list[Any]:
     return [pytest.param(stack, id=stack[0]) for stack in [FLEET, *samples]]
 
 
+def every_stack() -> list[Stack]:
+    """The fleet, then every sample stack."""
+    return [FLEET, *((name, STACKS_DIR) for name in available_stacks())]
+
+
 def of_type(suffix: str) -> Match:
     return lambda r: r.type.endswith(suffix)
 
@@ -318,9 +323,10 @@ def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> N
 # -------------------------------------------------------------------------------------------- issue 19
 
 
-def _queue_with_gpu_jobs() -> tuple[str, str, float]:
-    """Some stack's Volcano queue with a GPU capability and GPU jobs in it: (stack, queue, the jobs' GPUs)."""
-    for stack in available_stacks():
+def _queue_with_gpu_jobs() -> tuple[Stack, str, float]:
+    """A Volcano queue with a GPU capability and GPU jobs in it, on the fleet or a sample stack: (stack, queue, the
+    jobs' GPUs)."""
+    for stack in every_stack():
         records = rendered(stack).resources
         jobs = [r for r in records if r.type.endswith("volcano.sh/v1alpha1:Job")]
         for queue in (r for r in records if r.type.endswith(":Queue")):
@@ -350,7 +356,7 @@ def test_issue_19_finding_7_a_queue_handed_more_than_its_capability_is_named() -
 def test_issue_19_finding_3_the_source_mount_under_its_name_is_named() -> None:
     """The old source Dataset mounted the S3 prefix without `path: /`, so Fluid showed it under /s3 of every claim
     while the jobs read the claim's root."""
-    stack = next(s for s in available_stacks() if any(
+    stack = next(s for s in every_stack() if any(
         str(a).startswith("data.path=") for r in rendered(s).resources if r.type.endswith("volcano.sh/v1alpha1:Job")
         for t in lookup(r.inputs, "spec.tasks", ()) for c in lookup(t, "template.spec.containers", ())
         for a in c.get("args", ())))
@@ -369,8 +375,8 @@ def test_issue_19_finding_3_the_source_mount_under_its_name_is_named() -> None:
     assert all("shows the dataset's prefix at /data/s3" in f.problem for f in found), found
 
 
-def _cache_stack() -> str:
-    return next(s for s in available_stacks() if any(release_of("fluid")(r) for r in rendered(s).resources))
+def _cache_stack() -> Stack:
+    return next(s for s in every_stack() if any(release_of("fluid")(r) for r in rendered(s).resources))
 
 
 def test_issue_19_finding_1_the_csi_plugin_borrowing_the_kubelet_kubeconfig_is_named() -> None:
