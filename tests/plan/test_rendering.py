@@ -13,7 +13,7 @@ import pytest
 import yaml
 from trainyard.plan import helm, rendering
 from trainyard.plan.conformance import upstream_dir
-from trainyard.plan.images import is_pinned, unpinned
+from trainyard.plan.images import images, is_pinned, unpinned
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rendering import GENERATED, RenderError, render_releases
 from trainyard.plan.runtime import available_stacks, plan_stack, read_stack
@@ -143,6 +143,7 @@ def test_the_cache_serves_an_unchanged_release_and_misses_a_changed_one(tmp_path
     ("localhost:5000/app", False), ("repo/app:nightly", False), ("quay.io/cilium/cilium:v1.20.0", True),
     ("repo/app:latest@sha256:" + "0" * 64, True), ("localhost:5000/app:1.2", True),
     ("repo/app:latest\n", False), ("repo/app:main\n", False), ("repo/app:1.2 ", False),
+    ("quay.io/prometheus/alertmanager:v0.34.0:v0.34.0", False),
 ])
 def test_an_image_is_pinned_by_a_release_tag_or_a_digest(reference: str, pinned: bool) -> None:
     assert is_pinned(reference) is pinned
@@ -215,3 +216,18 @@ def test_plan_cli_stops_on_a_release_that_does_not_render(tmp_path: Path) -> Non
     assert result.stderr.startswith("error: Helm release volcano: no chart source tree for volcano")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_operator_resource_image_is_read_as_its_operator_pulls_it() -> None:
+    """The Prometheus Operator pulls spec.image as written (its version only picks the config); the GPU Operator
+    joins repository, image and version, with `@` for a digest."""
+    alertmanager = {"apiVersion": "monitoring.coreos.com/v1", "kind": "Alertmanager",
+                    "spec": {"image": "quay.io/prometheus/alertmanager:v0.34.0", "version": "v0.34.0"}}
+    digest = "sha256:" + "a" * 64
+    policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+              "spec": {"validator": {"repository": "nvcr.io/nvidia", "image": "gpu-operator-validator",
+                                     "version": "v26.7.0"},
+                       "driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": digest}}}
+    assert [ref for _, ref in images(alertmanager)] == ["quay.io/prometheus/alertmanager:v0.34.0"]
+    assert sorted(ref for _, ref in images(policy)) == [f"nvcr.io/nvidia/driver@{digest}",
+                                                        "nvcr.io/nvidia/gpu-operator-validator:v26.7.0"]

@@ -12,17 +12,19 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from trainyard.config.name_rules import IMAGE_REFERENCE
 from trainyard.plan.rendering import RenderedStack
 
 # Tags that move: none at all, `latest`, and branch builds such as `main-latest` or `nightly`.
 _MOVING_TAG = re.compile(r"(.*[-_.])?(latest|main|master|nightly|edge)")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+SPLIT_IMAGE_GROUP = "nvidia.com"  # the GPU Operator's resources: ClusterPolicy, NVIDIADriver
 
 
 def is_pinned(reference: str) -> bool:
-    """`repo:tag` with a release tag, or any `repo@sha256:...`; never a reference with whitespace in it (a
-    "...:latest\n" would otherwise read as the tag "latest\n")."""
-    if any(c.isspace() for c in reference):
+    """`repo:tag` with a release tag, or any `repo@sha256:...`; never what distribution's grammar does not parse
+    as one reference (`repo:v1:v1`, or "...:latest\n", which would otherwise read as the tag "latest\n")."""
+    if IMAGE_REFERENCE.fullmatch(reference) is None:
         return False
     if "@sha256:" in reference:
         return True
@@ -33,15 +35,29 @@ def is_pinned(reference: str) -> bool:
 
 
 def images(obj: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where in the object, image reference) for every container and every enabled image-version pair (the GPU
-    Operator's ClusterPolicy names its operands' images as repository, image and version)."""
-    yield from _walk(obj, "")
+    """(where in the object, image reference) for every container and every image field of a custom resource.
+
+    An operator's resource names its operands' images two ways. The GPU Operator's (API group nvidia.com) splits
+    them into repository, image and version and joins them as `repository/image:version`, or `@version` for a
+    sha256 digest (NVIDIA/gpu-operator v26.7.0 api/nvidia/v1/clusterpolicy_types.go imagePath). Everyone else's
+    `image` is the whole reference: the Prometheus Operator pulls spec.image as written, its `version` only says
+    which configuration to generate (prometheus-operator pkg/operator/image.go BuildImagePath: a set spec.image
+    wins).
+    """
+    split = str(obj.get("apiVersion", "")).partition("/")[0] == SPLIT_IMAGE_GROUP
+    yield from _walk(obj, "", split=split)
 
 
-def _walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
+def _joined(node: Mapping[str, Any]) -> str:
+    repository, image, version = node.get("repository"), node["image"], node["version"]
+    sep = "@" if version.startswith("sha256:") else ":"
+    return f"{repository}/{image}{sep}{version}" if repository else f"{image}{sep}{version}"
+
+
+def _walk(node: Any, path: str, *, split: bool) -> Iterator[tuple[str, str]]:
     if isinstance(node, list):
         for index, item in enumerate(node):
-            yield from _walk(item, f"{path}[{index}]")
+            yield from _walk(item, f"{path}[{index}]", split=split)
         return
     if not isinstance(node, Mapping):
         return
@@ -51,14 +67,13 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
                 yield f"{path}.{key}[{container.get('name', '?')}]", container["image"]
     image = node.get("image")
     if isinstance(image, str) and node.get("enabled") is not False and "name" not in node:
-        if isinstance(node.get("version"), str):
-            repository = node.get("repository")
-            yield path or ".", f"{repository}/{image}:{node['version']}" if repository else f"{image}:{node['version']}"
+        if split and isinstance(node.get("version"), str):
+            yield path or ".", _joined(node)
         elif "/" in image or ":" in image:
             yield path or ".", image
     for key, value in node.items():
         if key not in _CONTAINER_LISTS and key != "image":
-            yield from _walk(value, f"{path}.{key}")
+            yield from _walk(value, f"{path}.{key}", split=split)
 
 
 def unpinned(rendered: RenderedStack) -> list[str]:
