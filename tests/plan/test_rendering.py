@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,27 @@ def test_the_cache_serves_an_unchanged_release_and_misses_a_changed_one(tmp_path
     edited = _render(tmp_path, {"name": "web"})
     assert edited.renders == 2
     assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 4
+
+
+def test_the_cache_drops_the_least_recently_used_renders_beyond_its_size(tmp_path: Path, demo: Path) -> None:
+    _render(tmp_path, {"name": "web"})
+    cache = tmp_path / "cache"
+    (current,) = cache.glob("*.json")
+    size = current.stat().st_size
+    old = [cache / f"{n:064x}.json" for n in range(3)]
+    for age, path in enumerate(old, start=1):
+        path.write_text("x" * size)
+        os.utime(path, (time.time() - 100 * age, time.time() - 100 * age))
+    stale, fresh = cache / "a.partial", cache / "b.partial"
+    stale.write_text("")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh.write_text("")
+    os.utime(current, (time.time() - 1000, time.time() - 1000))
+    assert _render(tmp_path, {"name": "web"}).renders == 0  # a hit: now the most recently used
+    rendering.prune_cache(cache, limit=2 * size)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, old[0].name, fresh.name])
+    assert _render(tmp_path, {"name": "api"}).renders == 2  # a miss writes, then prunes to CACHE_BYTES
+    assert len(list(cache.glob("*.json"))) == 3
 
 
 @pytest.mark.parametrize(("reference", "pinned"), [
