@@ -155,3 +155,37 @@ def test_a_custom_resource_without_a_running_controller_is_named() -> None:
     findings = [f for f in found(old, "resource-reconciled") if f.type.endswith(":Dataset")]
     assert findings and all("Deployment/dataset-controller of release fluid has no replicas" in f.problem
                             for f in findings)
+
+
+VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+DATASET = "kubernetes:data.fluid.io/v1alpha1:Dataset"
+
+
+def _source_dataset(r: ResourceRecord) -> bool:
+    """A Dataset over object storage (not a `dataset://` reference), the source tenants' references name."""
+    mounts = r.inputs["spec"].get("mounts") or [] if r.type == DATASET else []
+    return len(mounts) == 1 and not str(mounts[0].get("mountPoint", "")).startswith("dataset://")
+
+
+def _job_reading_data(r: ResourceRecord) -> bool:
+    return r.type == VOLCANO_JOB and any(str(a).startswith("data.path=") for t in r.inputs["spec"]["tasks"]
+                                         for c in t["template"]["spec"]["containers"] for a in c.get("args") or ())
+
+
+def _stack_with_a_dataset_job() -> str:
+    return next(s for s in available_stacks() if any(_source_dataset(r) for r in recorded(s).resources)
+                and any(_job_reading_data(r) for r in recorded(s).resources))
+
+
+def test_a_reference_to_a_dataset_that_is_not_there_is_named() -> None:
+    stack = _stack_with_a_dataset_job()
+    findings = found(drop(stack, _source_dataset), "dataset-chain")
+    assert findings and all("its claim" in f.problem and "which is no Dataset" in f.problem for f in findings)
+
+
+def test_a_dataset_without_its_runtime_is_named() -> None:
+    stack = _stack_with_a_dataset_job()
+    findings = found(drop(stack, lambda r: r.type == "kubernetes:data.fluid.io/v1alpha1:AlluxioRuntime"),
+                     "dataset-chain")
+    assert findings and all("has no AlluxioRuntime of its name, so Fluid never binds it" in f.problem
+                            for f in findings)

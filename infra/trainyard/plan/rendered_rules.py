@@ -28,6 +28,8 @@ from trainyard.plan.cluster_state import NODE_POOL, RELEASE, cni_charts
 from trainyard.plan.node_image import missing_path
 from trainyard.plan.pods import Workload, lookup, workload, workloads
 from trainyard.plan.readiness import (
+    ALLUXIO_RUNTIME,
+    DATASET,
     VOLCANO_JOB,
     Moment,
     Rule,
@@ -38,6 +40,7 @@ from trainyard.plan.readiness import (
 )
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import chart_name
+from trainyard.platform import alluxio
 
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
@@ -324,6 +327,47 @@ def resource_reconciled(record: ResourceRecord, moment: Moment) -> str | None:
             "on, so the object is never acted on")
 
 
+# ---------------------------------------------------------------------------------------------- dataset chain
+
+
+def _named(moment: Moment, kind: str, namespace: str, name: str) -> ResourceRecord | None:
+    return next((r for r in moment.records.values() if r.type == kind and lookup(r.inputs, "metadata.name") == name
+                 and lookup(r.inputs, "metadata.namespace") == namespace), None)
+
+
+def _unbound(dataset: ResourceRecord, moment: Moment) -> str | None:
+    """Why Fluid never makes the claim of a Dataset, or None. It makes one, named after the Dataset, once a runtime
+    of its name binds it (fluid v1.0.8 pkg/utils/dataset/volume CreatePersistentVolumeClaimForRuntime); a
+    `dataset://` reference is bound through the source Dataset it names."""
+    mounts: list[Mapping[str, Any]] = list(lookup(dataset.inputs, "spec.mounts", ()) or ())
+    namespace, name = lookup(dataset.inputs, "metadata.namespace"), lookup(dataset.inputs, "metadata.name")
+    point = str(mounts[0].get("mountPoint", "")) if len(mounts) == 1 else ""
+    if not point.startswith(alluxio.REFERENCE_SCHEME):
+        if _named(moment, ALLUXIO_RUNTIME, namespace, name) is None:
+            return f"Dataset {namespace}/{name} has no AlluxioRuntime of its name, so Fluid never binds it"
+        return None
+    source_ns, _, rest = point.removeprefix(alluxio.REFERENCE_SCHEME).strip("/").partition("/")
+    source = _named(moment, DATASET, source_ns, rest.split("/")[0])
+    if source is None:
+        return f"Dataset {namespace}/{name} references {point}, which is no Dataset"
+    return _unbound(source, moment)
+
+
+# A job's dataset is a chain: its volume's claim is the PVC Fluid makes for the Dataset of that name, and that
+# Dataset is bound (its runtime, or the source a `dataset://` reference names). A missing link leaves every pod
+# Pending on a claim that never appears. Where in the claim the data shows is dataset-path-served's (job_rules).
+def dataset_chain(record: ResourceRecord, moment: Moment) -> str | None:
+    namespace = lookup(record.inputs, "metadata.namespace")
+    for task in lookup(record.inputs, "spec.tasks", ()) or ():
+        spec = lookup(task, "template.spec", {}) or {}
+        for volume in spec.get("volumes") or ():
+            claim = lookup(volume, "persistentVolumeClaim.claimName")
+            dataset = _named(moment, DATASET, namespace, str(claim)) if claim else None
+            if dataset is not None and (why := _unbound(dataset, moment)):
+                return f"its claim {claim} never appears: {why}"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("host-paths-exist", _is(RELEASE), host_paths_exist,
          "kubernetes.io hostPath volume types; awslabs/amazon-eks-ami nodeadm (AL2023 node paths)"),
@@ -335,6 +379,8 @@ RULES: tuple[Rule, ...] = (
          "kubernetes-sigs/karpenter v1.14.1 statenode Taints(); NVIDIA/DCGM v4.6.0 IsMigModeDiagCompatible"),
     Rule("nodes-initialize", _is(NODE_POOL), nodes_initialize,
          "kubernetes-sigs/karpenter v1.14.1 RequestedResourcesRegistered"),
+    Rule("dataset-chain", _is(VOLCANO_JOB), dataset_chain,
+         "fluid v1.0.8 pkg/utils/dataset/volume (a Dataset's claim, made once a runtime binds it)"),
     Rule("resource-reconciled", is_custom_resource, resource_reconciled,
          "fluid-cloudnative/fluid v1.0.8 ScaleoutRuntimeControllerOnDemand; a CR needs a running controller"),
 )
