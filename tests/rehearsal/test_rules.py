@@ -257,6 +257,19 @@ def test_a_reclaimable_queue_needs_the_reclaim_action() -> None:
         assert rules_of(eks, cni, system, volcano, queue) == expected
 
 
+def test_the_scheduler_runs_the_configuration_file_the_chart_renders() -> None:
+    """No override: the chart mounts the file `basic.scheduler_config_file` names (volcano 1.15.1
+    templates/scheduler.yaml); its CI file runs reclaim, its default one does not."""
+    eks, cni, system = base()
+    queue_type = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+    for config_file, expected in (("config/volcano-scheduler.conf", [("reclaim-configured", "q")]),
+                                  ("config/volcano-scheduler-ci.conf", [])):
+        volcano = release("volcano", "volcano", {"basic": {"scheduler_config_file": config_file},
+                                                 "custom": {"default_ns": {"trainyard.io/role": "system"}}}, system)
+        queue = rec(queue_type, "q", {"spec": {"reclaimable": True}}, (volcano,))
+        assert rules_of(eks, cni, system, volcano, queue) == expected
+
+
 def test_cache_workers_only_placeable_on_gpu_pools_are_reported() -> None:
     eks, cni, system = base()
     karpenter = _karpenter(system)

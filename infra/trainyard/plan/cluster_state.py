@@ -1,12 +1,14 @@
 """The cluster a set of created resources adds up to: CNI, node pools, CRD charts, storage classes, scheduler.
 
-`cluster_state(records)` reads only what the recording holds (inputs as the provider would receive them and
-the Helm values as merged), and the instance-type and MIG tables for what a node offers.
+`cluster_state(records, rendered)` reads what the recording holds (inputs as the provider would receive them), what
+its Helm releases render (the scheduler's configuration, the CephCluster, pools and storage classes, as the charts
+write them from their defaults and our values), and the instance-type and MIG tables for what a node offers.
 """
 
 from __future__ import annotations
 
 import functools
+import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +35,7 @@ from trainyard.plan.cluster_model import (
 )
 from trainyard.plan.pods import affinity_terms, lookup
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.rendering import chart_name
+from trainyard.plan.rendering import RenderedStack, chart_name
 from trainyard.platform.registry import load_registry
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -64,7 +66,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Ceph:
-    """A Rook CephCluster as the rook-ceph-cluster values describe it, with the hosts it can use."""
+    """A Rook CephCluster as the rook-ceph-cluster chart renders it, with the hosts it can use."""
 
     osd_hosts: int
     osd_selection: str  # how storage selection picked (or failed to pick) OSD hosts, for messages
@@ -87,6 +89,11 @@ class ClusterState:
     ceph: Ceph | None = None
 
 
+def _rendered(record: ResourceRecord, rendered: RenderedStack) -> tuple[Mapping[str, Any], ...]:
+    release = rendered.releases.get(str(record.inputs.get("name", record.name)))
+    return release.objects if release is not None else ()
+
+
 def _release_values(record: ResourceRecord) -> Mapping[str, Any]:
     values = record.inputs.get("values")
     return values if isinstance(values, Mapping) else {}
@@ -97,9 +104,14 @@ def releases(records: Iterable[ResourceRecord]) -> dict[str, ResourceRecord]:
     return {chart_name(str(r.inputs.get("chart", ""))): r for r in records if r.type == RELEASE}
 
 
-def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
+def cluster_state(records: Iterable[ResourceRecord], rendered: RenderedStack | None = None) -> ClusterState:
+    """What `records` add up to; `rendered` is what their Helm releases install. Without it the state has the
+    pools, CNI and add-ons, but no CephCluster or chart storage classes and Volcano's built-in scheduler
+    configuration (the rehearsal always passes it; a caller that wants the pools alone need not render)."""
     records = sorted(records, key=lambda r: r.urn)  # the same state whatever order the program registered in
+    rendered = rendered if rendered is not None else RenderedStack(releases={})
     charts = releases(records)
+    objects = {chart: _rendered(record, rendered) for chart, record in charts.items()}
     addons = frozenset(str(r.inputs.get("addonName")) for r in records if r.type == EKS_ADDON)
     cni = _cni(records, charts, addons)
     existing = any(r.type == K8S_PROVIDER and "context" in r.inputs for r in records) and not any(
@@ -117,13 +129,13 @@ def cluster_state(records: Iterable[ResourceRecord]) -> ClusterState:
         # A cluster the plan cannot see: its nodes are there, with labels and sizes it does not know and no GPU.
         unknown = InstanceOffer("unknown", {"cpu": float("inf"), "memory": float("inf"), "pods": float("inf")})
         pools.append(Pool("existing cluster", frozen_labels({}), (), (unknown,), nodes=1, unknown_labels=True))
-    ceph = _ceph(charts["rook-ceph-cluster"], pools) if "rook-ceph-cluster" in charts else None
-    classes_by_name = _storage_classes(records, charts, addons, ceph, existing)
+    ceph = _ceph(objects["rook-ceph-cluster"], pools) if "rook-ceph-cluster" in charts else None
+    classes_by_name = _storage_classes(records, objects, addons, ceph, existing)
     default = next((name for name, sc in classes_by_name.items() if sc.default), None)
     return ClusterState(
         cni=cni, pools=tuple(pools), charts=frozenset(charts), eks_addons=addons,
         storage_classes=classes_by_name, default_class=default,
-        scheduler=_scheduler(charts["volcano"]) if "volcano" in charts else None,
+        scheduler=_scheduler(objects["volcano"]) if "volcano" in charts else None,
         overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), ceph=ceph)
 
 
@@ -229,8 +241,12 @@ def _placement_pod(name: str, placement: Mapping[str, Any]) -> PodNeeds:
                     tolerations=tuple(Toleration.of(t) for t in placement.get("tolerations") or ()))
 
 
-def _ceph(release: ResourceRecord, pools: list[Pool]) -> Ceph:
-    spec = lookup(_release_values(release), "cephClusterSpec", {}) or {}
+def _ceph(objects: tuple[Mapping[str, Any], ...], pools: list[Pool]) -> Ceph | None:
+    """The CephCluster the rook-ceph-cluster release renders, with the hosts it can use (None: it renders none)."""
+    cluster = next((o for o in objects if o.get("kind") == "CephCluster"), None)
+    if cluster is None:
+        return None
+    spec = cluster.get("spec") or {}
     placement = spec.get("placement") or {}
 
     def placed(component: str, own: Mapping[str, Any] | None = None) -> PodNeeds:
@@ -245,7 +261,7 @@ def _ceph(release: ResourceRecord, pools: list[Pool]) -> Ceph:
             not with_devices or any(INSTANCE_TYPES[o.instance_type].nvme_devices for o in p.offers)))
 
     storage = spec.get("storage") or {}
-    # The rook-ceph-cluster chart defaults to useAllNodes and useAllDevices true; ours merge over them.
+    # Rook's defaults where the rendered spec leaves a key out (ceph-cluster-crd doc, "Storage Selection Settings").
     device_filter = (storage.get("useAllDevices", True) or storage.get("deviceFilter")
                      or storage.get("devicePathFilter") or storage.get("devices"))
     set_hosts = sum(min(int(device_set.get("count", 0) or 0), hosts(placed("osd", device_set.get("placement"))))
@@ -287,51 +303,62 @@ def _ceph_problem(size: int, charts: frozenset[str] | set[str], ceph: Ceph | Non
     return None
 
 
-def _storage_classes(records: list[ResourceRecord], charts: Mapping[str, ResourceRecord], addons: frozenset[str],
-                     ceph: Ceph | None, existing: bool) -> dict[str, StorageClass]:
+def _storage_classes(records: list[ResourceRecord], objects: Mapping[str, tuple[Mapping[str, Any], ...]],
+                     addons: frozenset[str], ceph: Ceph | None, existing: bool) -> dict[str, StorageClass]:
     classes: dict[str, StorageClass] = {}
     if existing:
         # kind's default class (rancher local-path, WaitForFirstConsumer; kind.sigs.k8s.io/docs/user/configuration).
         classes["standard"] = StorageClass("standard", "existing cluster", immediate=False, default=True)
-    cluster = charts.get("rook-ceph-cluster")
-    if cluster is not None:
-        values = _release_values(cluster)
-        for key, size_of in (("cephBlockPools", _block_size), ("cephFileSystems", _filesystem_size)):
-            for pool in values.get(key) or ():
-                sc = pool.get("storageClass") or {}
-                if not sc.get("enabled", True) or not sc.get("name"):
-                    continue
-                classes[str(sc["name"])] = StorageClass(
-                    str(sc["name"]), "ceph", immediate=sc.get("volumeBindingMode", "Immediate") == "Immediate",
-                    default=bool(sc.get("isDefault")),
-                    problem=_ceph_problem(size_of(pool.get("spec") or {}), set(charts), ceph))
-    for record in (r for r in records if r.type == STORAGE_CLASS):
-        name = str(lookup(record.inputs, "metadata.name"))
-        provisioner = str(record.inputs.get("provisioner", ""))
-        annotations = lookup(record.inputs, "metadata.annotations", {}) or {}
+    rendered = [o for chart_objects in objects.values() for o in chart_objects]
+    sizes = _ceph_pool_sizes(rendered)
+    charts = set(objects)
+    ours = [r.inputs for r in records if r.type == STORAGE_CLASS]
+    for sc in [*(o for o in rendered if o.get("kind") == "StorageClass"), *ours]:
+        name = str(lookup(sc, "metadata.name"))
+        provisioner = str(sc.get("provisioner", ""))
+        annotations = lookup(sc, "metadata.annotations", {}) or {}
         problem = None
         if provisioner == EBS_PROVISIONER and "aws-ebs-csi-driver" not in addons:
             problem = "the aws-ebs-csi-driver EKS add-on is not installed yet"
         elif provisioner.endswith(CEPH_CSI_SUFFIX):
-            problem = _ceph_problem(int(lookup(record.inputs, "parameters.size", 1) or 1), set(charts), ceph)
+            parameters = sc.get("parameters") or {}
+            pool = str(parameters.get("fsName") or parameters.get("pool") or "")
+            problem = _ceph_problem(sizes.get(pool, 1), charts, ceph)
         classes[name] = StorageClass(
-            name, provisioner, immediate=record.inputs.get("volumeBindingMode", "Immediate") == "Immediate",
-            default=annotations.get("storageclass.kubernetes.io/is-default-class") == "true", problem=problem)
+            name, provisioner, immediate=sc.get("volumeBindingMode", "Immediate") == "Immediate",
+            default=str(annotations.get("storageclass.kubernetes.io/is-default-class")) == "true", problem=problem)
     return classes
 
 
-def _block_size(spec: Mapping[str, Any]) -> int:
-    return int(lookup(spec, "replicated.size", 1) or 1)
+def _ceph_pool_sizes(objects: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Replica size by the name a Ceph StorageClass gives its pool: a CephBlockPool's name, a CephFilesystem's
+    (its largest pool: metadata and every data pool hold the volume's data)."""
+    sizes: dict[str, int] = {}
+    for obj in objects:
+        name, spec = str(lookup(obj, "metadata.name")), obj.get("spec") or {}
+        if obj.get("kind") == "CephBlockPool":
+            sizes[name] = int(lookup(spec, "replicated.size", 1) or 1)
+        elif obj.get("kind") == "CephFilesystem":
+            pools = [spec.get("metadataPool") or {}, *(spec.get("dataPools") or ())]
+            sizes[name] = max(int(lookup(p, "replicated.size", 1) or 1) for p in pools)
+    return sizes
 
 
-def _filesystem_size(spec: Mapping[str, Any]) -> int:
-    pools = [spec.get("metadataPool") or {}, *(spec.get("dataPools") or ())]
-    return max(int(lookup(p, "replicated.size", 1) or 1) for p in pools)
+# The scheduler reads its actions and tiers from the file its --scheduler-conf names, a key of the ConfigMap the
+# chart mounts there (volcano 1.15.1 templates/scheduler.yaml: basic.scheduler_config_file's base name).
+SCHEDULER_CONF_FLAG = "--scheduler-conf="
 
 
-def _scheduler(release: ResourceRecord) -> SchedulerConfig:
-    text = lookup(_release_values(release), "custom.scheduler_config_override")
+def _scheduler(objects: tuple[Mapping[str, Any], ...]) -> SchedulerConfig:
+    files = {posixpath.basename(str(arg).removeprefix(SCHEDULER_CONF_FLAG))
+             for obj in objects if obj.get("kind") == "Deployment"
+             for c in lookup(obj, "spec.template.spec.containers", ()) or ()
+             for arg in c.get("args") or () if str(arg).startswith(SCHEDULER_CONF_FLAG)}
+    text = next((o["data"][name] for o in objects if o.get("kind") == "ConfigMap"
+                 for name in sorted(files) if name in (o.get("data") or {})), None)
     if not text:
+        # Without its configuration file the scheduler runs its built-in one (volcano pkg/scheduler/util
+        # scheduler_helper.go defaultSchedulerConf).
         return SchedulerConfig(VOLCANO_DEFAULT_ACTIONS, frozenset({"overcommit", "proportion", "gang"}), 1.2)
     config = yaml.safe_load(str(text)) or {}
     actions = tuple(a.strip() for a in str(config.get("actions", "")).split(",") if a.strip())

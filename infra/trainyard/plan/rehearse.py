@@ -56,7 +56,7 @@ def rehearse(recording: Recording, rendered: RenderedStack) -> Rehearsal:
     """Walk `recording` in creation order; `rendered` holds what each of its Helm releases installs."""
     order, closure = creation_order(recording.resources)
     by_urn = recording.by_urn()
-    end = cluster_state(recording.resources)
+    end = cluster_state(recording.resources, rendered)
     custom = [r for r in order if r.custom]
     findings: list[Finding] = []
     checks = 0
@@ -64,7 +64,7 @@ def rehearse(recording: Recording, rendered: RenderedStack) -> Rehearsal:
         rules = [rule for rule in RULES if rule.applies_to(record)]
         if not rules:
             continue
-        moment = Moment(before=cluster_state(by_urn[u] for u in sorted(closure[record.urn])), after=end,
+        moment = Moment(before=cluster_state((by_urn[u] for u in sorted(closure[record.urn])), rendered), after=end,
                         records=by_urn, rendered=rendered, waited=frozenset(closure[record.urn]))
         for rule in rules:
             checks += 1
