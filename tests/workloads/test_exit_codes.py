@@ -4,13 +4,15 @@ failure class, one line for a config error whenever it is found, and never a tra
 from __future__ import annotations
 
 import json
+import os
+import signal
 import zlib
 from pathlib import Path
 
 import pytest
 from trainer_launch import launch, run, running
 from trainyard_train.checkpoint import COMMIT, step_dir
-from trainyard_train.exitcodes import CONFIG_ERROR
+from trainyard_train.exitcodes import CONFIG_ERROR, GRACE_EXPIRED
 
 pytestmark = pytest.mark.slow
 # Old code lost the line in 7 of 12 launches (issue 24): six launches all keeping it would happen by chance with
@@ -90,3 +92,25 @@ def test_a_model_no_node_can_hold_is_refused_by_the_workers_before_allocating(tm
     (line,) = config_error_lines(launched.output())
     assert line.startswith("trainyard_train: config error: parallel: ddp2 needs ") and "at a world of 2, " in line
     assert "will restart worker group" not in launched.output() and "Traceback" not in launched.output()
+
+
+@pytest.mark.parametrize("signalled", ["worker", "agent"])
+def test_a_stop_that_cannot_commit_within_the_grace_period_exits_124(
+    tmp_path: Path, cleanup_launches: list, signalled: str
+) -> None:
+    """A grace period far shorter than a save (1 ms): the signalled worker's watchdog ends it before the
+    checkpoint commits, and the agent ends with 124, without a restart (the old agent restarted the workers after
+    a signal to one of them, and said 143, a committed stop, after one to itself), leaving no worker."""
+    run_dir = tmp_path / "run"
+    launched = launch(run_dir, ["train.steps=400", "checkpoint.interval_steps=1000", "shutdown.grace_period_s=0.001"],
+                      max_restarts=3, env={"LOGLEVEL": "INFO"})
+    cleanup_launches.append(launched)
+    launched.wait_for(lambda ev: any(e["event"] == "step" and e["step"] >= 10 for e in ev))
+    workers = launched.worker_pids()
+    os.kill(workers[0] if signalled == "worker" else launched.proc.pid, signal.SIGTERM)
+    rc = launched.wait()
+    output = launched.output()
+    assert rc == GRACE_EXPIRED, output
+    assert "grace_period_expired" in output and "will restart worker group" not in output, output
+    assert not list((run_dir / "checkpoints").glob("step-*/COMMIT")), output
+    assert running(workers) == [], output

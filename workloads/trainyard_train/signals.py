@@ -76,12 +76,24 @@ class StopRequest:
 
     def _expire(self) -> None:
         log.error(kv("grace_period_expired", seconds=self.grace_period_s, signal=self.signal_name))
+        if self.signalled_here or agent_stopping():
+            # This node is stopping: its agent ends with 124, not 143 (a committed stop) or a restart. A rank
+            # that stopped only with a signalled peer still exits to its agent's restart, as a crash does.
+            final_exit(GRACE_EXPIRED)
         logging.shutdown()
         os._exit(GRACE_EXPIRED)  # no cleanup: a half-written checkpoint has no COMMIT anyway
 
     def cancel(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+
+def agent_stopping() -> bool:
+    """The node agent is shutting down (it got the signal, or a worker asked it to end)."""
+    control = os.environ.get(AGENT_DIR_ENV)
+    if not control:
+        return False
+    return (Path(control) / STOPPING_FILE).exists()
 
 
 def final_exit(code: int, line: str | None = None) -> int:
@@ -104,7 +116,7 @@ def final_exit(code: int, line: str | None = None) -> int:
             handle.write(str(code))
     if line is not None:
         print(line, file=sys.stderr, flush=True)
-    if root is not None and not (root / STOPPING_FILE).exists():
+    if root is not None and not agent_stopping():
         log.warning(kv("stopping_node_agent", pid=os.getppid(), exit_code=code))
         os.kill(os.getppid(), signal.SIGTERM)
     return code
