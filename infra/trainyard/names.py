@@ -38,6 +38,8 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 KARPENTER = ServiceAccountRef("kube-system", "karpenter")
 EBS_CSI = ServiceAccountRef("kube-system", "ebs-csi-controller-sa")
 CILIUM_OPERATOR = ServiceAccountRef("kube-system", "cilium-operator")
+# The first-bring-up Pod Identity check (platform/pod_identity_check.py): an association to a role with no rights.
+POD_IDENTITY_CHECK = ServiceAccountRef("kube-system", "pod-identity-check")
 # The trainer's service account exists in every tenant namespace; the role it gets writes checkpoints.
 TRAINER_SERVICE_ACCOUNT = "trainer"
 # Alluxio workers read the dataset bucket; Fluid runs them in the dataset namespace. The AlluxioRuntime has no

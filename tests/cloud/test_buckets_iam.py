@@ -83,7 +83,7 @@ def test_pod_identity_associations_use_shared_names(stack: str) -> None:
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
-                     ("kube-system", "cilium-operator"),
+                     ("kube-system", "cilium-operator"), ("kube-system", "pod-identity-check"),
                      *((t.namespace_name, account) for t in settings.tenants for account in tenant_accounts),
                      *([("mlflow", "mlflow")] if settings.addons.mlflow.enabled else [])}
     for role in of_type(rec, "aws:iam/role:Role"):

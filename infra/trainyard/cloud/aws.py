@@ -138,6 +138,8 @@ def build_aws(settings: Settings) -> ControlPlane:
         identity("cilium-operator", "cilium-operator", (names.CILIUM_OPERATOR,),
                  cilium_operator_policy(region, name)),
         identity("ebs-csi", "ebs-csi", (names.EBS_CSI,), managed=(EBS_CSI_MANAGED_POLICY,)),
+        # No permissions: the bring-up check only proves that credentials reach a pod through Cilium.
+        identity("pod-identity-check", "pod-identity-check", (names.POD_IDENTITY_CHECK,)),
         identity("trainer", "trainer", tenant_accounts(names.TRAINER_SERVICE_ACCOUNT), tenant_policy),
     ]
     if settings.addons.argo_workflows.enabled:

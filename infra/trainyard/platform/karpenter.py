@@ -30,6 +30,8 @@ from trainyard.config.model import Settings
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.objects import custom_resource
+from trainyard.platform.pod_identity_check import SCRIPT as POD_IDENTITY_SCRIPT
+from trainyard.platform.pod_identity_check import PodIdentityCheck, PodIdentityCheckArgs
 
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
 NODE_POOL_API = "karpenter.sh/v1"
@@ -161,6 +163,8 @@ class KarpenterArgs:
     after: tuple[pulumi.Resource, ...] = ()
     # Replace nodes whose node-monitoring-agent conditions stay bad (settings.featureGates.nodeRepair).
     node_repair: bool = False
+    # The CNI chart's version: the Pod Identity check before the controller re-runs when it changes.
+    cilium_version: str = ""
     # Replicas per GPU on time-sliced pools (addons.gpuOperator.timeSlicing.replicas).
     time_slicing_replicas: int = 0
 
@@ -179,8 +183,13 @@ class Karpenter(pulumi.ComponentResource):
         facts = cluster.karpenter
         if facts is None:
             raise ValueError("Karpenter needs the AWS target's KarpenterFacts (ClusterContext.karpenter)")
+        # The controller's AWS credentials come through Pod Identity across Cilium's datapath: proven first.
+        self.pod_identity_check = PodIdentityCheck(f"{name}-pod-identity-check", PodIdentityCheckArgs(
+            cluster=cluster, cilium_version=args.cilium_version,
+            script=POD_IDENTITY_SCRIPT.read_text(encoding="utf-8"), depends_on=args.after),
+            opts=pulumi.ResourceOptions(parent=self))
         self.release = helm_release(
-            name, args.chart, cluster, self, depends_on=args.after,
+            name, args.chart, cluster, self, depends_on=[*args.after, self.pod_identity_check.job],
             values={
                 "settings": {"clusterName": cluster.name, "interruptionQueue": facts.interruption_queue,
                              # Alpha in 1.14 (chart values.yaml); repairs ignore disruption budgets: README,
@@ -221,7 +230,8 @@ def build(ctx: AddonContext) -> Karpenter:
     return Karpenter(ctx.addon.resource_name, KarpenterArgs(
         cluster=ctx.cluster, chart=ctx.chart("karpenter"), after=ctx.monitored,
         node_repair=ctx.stack.addons.gpu_health.repair,
-        time_slicing_replicas=ctx.stack.addons.gpu_operator.time_slicing.replicas))
+        time_slicing_replicas=ctx.stack.addons.gpu_operator.time_slicing.replicas,
+        cilium_version=ctx.catalogue.chart("cilium").version))
 
 
 def _on_aws(stack: Settings) -> bool:
