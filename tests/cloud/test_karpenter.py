@@ -13,7 +13,7 @@ from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.model import Settings
 from trainyard.config.releases import KUBERNETES_RELEASES
 from trainyard.plan.conformance import upstream_dir
-from trainyard.plan.runtime import read_stack, settings_of
+from trainyard.plan.runtime import read_stack, render, settings_of
 
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -207,3 +207,28 @@ def test_controller_policy_is_scoped_to_the_cluster() -> None:
     assert statements["AllowAPIServerEndpointDiscovery"]["Resource"].endswith("eks-cluster")
     assert statements["AllowRegionalReadActions"]["Condition"] == {
         "StringEquals": {"aws:RequestedRegion": "us-west-2"}}
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) -> None:
+    # Karpenter 1.14.1's reference policy has a ZonalShiftPolicy (arc-zonal-shift:GetManagedResource) that only
+    # ENABLE_ZONAL_SHIFT uses (chart settings.enableZonalShift, default false); the controller role leaves it out.
+    rec = plan(stack)
+    values = one(rec, RELEASE).inputs["values"]
+    policy = next(json.loads(r.inputs["policy"]) for r in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
+                  if r.name.startswith("karpenter-controller"))
+    actions = {a for s in policy["Statement"] for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    zonal_shift = bool(values.get("settings", {}).get("enableZonalShift", False))
+    assert zonal_shift == any(a.startswith("arc-zonal-shift:") for a in actions)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_no_ip_less_efa_interfaces_under_cilium_eni_ipam(stack: str) -> None:
+    # Issue 18 item 5, decided: efa-only interfaces carry no IP, and Cilium's ENI client fails an instance resync on
+    # an ENI without one (cilium pkg/aws/ec2/ec2.go parseENI "ENI has no IP address", returned by GetInstances).
+    cilium = next(r for r in render(read_stack(stack)).resources if r.type == RELEASE
+                  and str(r.inputs["chart"]) == "cilium")
+    assert cilium.inputs["values"]["ipam"]["mode"] == "eni"
+    for node_class in of_type(plan(stack), NODE_CLASS):
+        interfaces = node_class.inputs["spec"].get("networkInterfaces") or []
+        assert all(i.get("interfaceType") != "efa-only" for i in interfaces), node_class.name

@@ -1,8 +1,12 @@
 """AWS side of Karpenter: node role and access entry, controller role, interruption queue, placement groups.
 
-The controller policy follows Karpenter 1.14's reference CloudFormation statement for statement: every
+The controller policy follows Karpenter 1.14.1's reference CloudFormation (website/content/en/docs/
+getting-started/getting-started-with-karpenter/cloudformation.yaml) statement for statement but one: every
 mutating EC2 call is scoped by the `kubernetes.io/cluster/<name>=owned` and `eks:eks-cluster-name` tags
-Karpenter puts on what it launches; instance profiles by cluster, region and node-class tags.
+Karpenter puts on what it launches; instance profiles by cluster, region and node-class tags. Left out:
+ZonalShiftPolicy (`arc-zonal-shift:GetManagedResource`), which only the zonal-shift feature calls; the chart keeps
+it off (values.yaml settings.enableZonalShift false -> ENABLE_ZONAL_SHIFT, pkg/operator/options/options.go), and
+tests/cloud/test_karpenter.py fails if the stack turns it on without the statement.
 """
 
 from __future__ import annotations

@@ -61,6 +61,8 @@ def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
             "ebs": {"volumeSize": f"{pool.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True,
                     "deleteOnTermination": True},
         }],
+        # No networkInterfaces (efa-only cards): Cilium's ENI IPAM rejects an ENI without an IP and fails its whole
+        # instance sync (cilium pkg/aws/ec2/ec2.go parseENI, GetInstances); README, "GPU nodes: MIG and EFA".
         # IMDSv2 only and one hop, as on the managed groups: pods use Pod Identity, never node credentials.
         "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
                             "httpPutResponseHopLimit": 1, "httpTokens": "required"},
