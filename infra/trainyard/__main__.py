@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trainyard.config import ConfigError
 from trainyard.config.mig import load_mig_catalog
+from trainyard.config.release_check import recorded_digests
 from trainyard.config.yaml_input import InputError
 from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan import graph, report
@@ -29,7 +30,7 @@ from trainyard.plan import rehearse as rehearsal
 from trainyard.plan.capacity import pool_capacity
 from trainyard.plan.diff import default_base, diff_against, format_diff, resolve_ref
 from trainyard.plan.helm import HELM
-from trainyard.plan.images import unpinned
+from trainyard.plan.images import digest_mismatches, unpinned
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderError
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
@@ -126,6 +127,9 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         raise RenderError("images without a pinned tag (a release tag or a digest), so the plan cannot say what "
                           "would run; set their tags in the releases' values (platform/charts.yaml `images`):\n  "
                           + "\n  ".join(moving))
+    if wrong := digest_mismatches(rendered, recorded_digests()):
+        raise RenderError("images whose digest is not the one release data records for their tag (the digest is "
+                          "what is pulled); pin both in platform/charts.yaml `images`:\n  " + "\n  ".join(wrong))
     if not quiet:
         print(report.tree(recording, stack_name))
         print()

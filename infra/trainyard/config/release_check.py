@@ -101,6 +101,13 @@ def _digest_pin(repository: str, tag: str | None, digest: str, source: str, imag
     return Pin(f"image/{repository}:{tag}@{digest}", source, tag is not None and digests.get(tag) == digest)
 
 
+def recorded_digests(data_dir: Path = DATA_DIR) -> dict[str, dict[str, str]]:
+    """repository -> tag -> the digest release data records for that tag (only repositories with recorded digests)."""
+    images = _load("images.yaml", data_dir)["images"]
+    return {repository: {str(tag): str(digest) for tag, digest in entry["digests"].items()}
+            for repository, entry in images.items() if (entry or {}).get("digests")}
+
+
 def image_pins(repo_root: Path, data_dir: Path = DATA_DIR) -> Iterator[Pin]:
     """Base images of every Dockerfile, images of chart-less add-ons and the stacks' job images; the project's own
     images are not upstream."""

@@ -3,7 +3,9 @@
 A chart's source tree is not its published package: publishers stamp versions when they package, so an image that
 defaults to `.Chart.AppVersion` renders from the tree with whatever the tree says (the GPU Operator's `main-latest`,
 `deployments/gpu-operator/templates/_helpers.tpl` at v26.7.0). The plan states what runs only when every image it
-renders carries a digest or a tag that names a release, so it refuses the rest.
+renders carries a digest or a tag that names a release, so it refuses the rest. A reference with both is pulled by
+its digest (the tag is then only a label), so where release data records the digest of a tag, the rendered pair
+must be that one: Karpenter's tag tree v1.14.1 carries 1.13.0's digest beside a chart-default tag.
 """
 
 from __future__ import annotations
@@ -84,4 +86,21 @@ def unpinned(rendered: RenderedStack) -> list[str]:
         for where, reference in images(obj):
             if not is_pinned(reference):
                 found.append(f"release {release.name}: {name} {where.lstrip('.')} runs {reference}")
+    return sorted(set(found))
+
+
+def digest_mismatches(rendered: RenderedStack, digests: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """One line per `repository:tag@digest` whose repository has recorded digests (repository -> tag -> digest)
+    and whose digest is not the one recorded for its tag."""
+    found = []
+    for release, obj in rendered.objects():
+        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
+        for where, reference in images(obj):
+            named, _, digest = reference.partition("@")
+            repository, tag = named.rsplit(":", 1) if ":" in named.rsplit("/", 1)[-1] else (named, "")
+            recorded = digests.get(repository)
+            if digest and recorded is not None and recorded.get(tag) != digest:
+                expected = recorded.get(tag, f"none recorded for tag {tag or '(none)'}")
+                found.append(f"release {release.name}: {name} {where.lstrip('.')} runs {reference} "
+                             f"(release data: {expected})")
     return sorted(set(found))
