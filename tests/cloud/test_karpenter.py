@@ -209,7 +209,7 @@ def test_controller_policy_is_scoped_to_the_cluster() -> None:
         "StringEquals": {"aws:RequestedRegion": "us-west-2"}}
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+@pytest.mark.parametrize("stack", AWS_STACKS)
 def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) -> None:
     # Karpenter 1.14.1's reference policy has a ZonalShiftPolicy (arc-zonal-shift:GetManagedResource) that only
     # ENABLE_ZONAL_SHIFT uses (chart settings.enableZonalShift, default false); the controller role leaves it out.
@@ -222,7 +222,7 @@ def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) 
     assert zonal_shift == any(a.startswith("arc-zonal-shift:") for a in actions)
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+@pytest.mark.parametrize("stack", AWS_STACKS)
 def test_no_ip_less_efa_interfaces_under_cilium_eni_ipam(stack: str) -> None:
     # Issue 18 item 5, decided: efa-only interfaces carry no IP, and Cilium's ENI client fails an instance resync on
     # an ENI without one (cilium pkg/aws/ec2/ec2.go parseENI "ENI has no IP address", returned by GetInstances).

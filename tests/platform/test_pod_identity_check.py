@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from owned_stacks import OWNED_STACKS
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import read_stack, render
@@ -105,12 +106,12 @@ def test_shellcheck_is_clean() -> None:
 # ------------------------------------------------------------------------------------------------ the plan
 
 
-def _prod() -> Recording:
-    return render(read_stack("prod"))
+def _fleet() -> Recording:
+    return render(read_stack("fleet", OWNED_STACKS))
 
 
 def test_karpenter_starts_only_after_pod_identity_works_through_cilium() -> None:
-    recording = _prod()
+    recording = _fleet()
     by_name = {r.name: r for r in recording.resources}
     job = by_name["karpenter-pod-identity-check-job"]
     release = next(r for r in recording.resources if r.type == "kubernetes:helm.sh/v3:Release"
