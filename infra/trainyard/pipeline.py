@@ -32,11 +32,10 @@ from trainyard_train.config import ConfigError, parse_config
 from trainyard_train.safe_yaml import load
 
 from trainyard.workloads.launch import CHECKPOINT_DIR
+from trainyard.workloads.pod import MLFLOW_CLIENT_CONFIG
 
-# The tenant's workflow account (Role workflow-executor) and MLflow client ConfigMap, both per tenant namespace
-# (platform/argo_workflows.py, platform/mlflow.py).
+# The account every tenant's workflow pods run as, with Role workflow-executor (platform/argo_workflows.py).
 WORKFLOW_SERVICE_ACCOUNT = "workflow"
-MLFLOW_CLIENT_CONFIG = "mlflow-client"
 API_VERSION = "argoproj.io/v1alpha1"  # the CRDs of argo-workflows v4.0.6 (../shared/upstream/crds/argoproj.io)
 TRAINER_MODULE = "trainyard_train"
 EVALUATIONS = f"{CHECKPOINT_DIR}/evaluations"
