@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     submit = commands.add_parser("submit", help="a tenant's own job: render it as the stack would, check it, then "
                                                  "print (--dry-run), write (--out) or server-side apply it")
     submit.add_argument("--stack", required=True, help="the stack whose cluster runs it")
+    submit.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     submit.add_argument("--job", required=True, type=Path, help="one trainyard:workloads entry as a YAML file")
     submit.add_argument("--dry-run", action="store_true", help="print the manifests, send nothing")
     submit.add_argument("--out", type=Path, help="write the manifests into this folder, send nothing")
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "region":
             return _region(read_stack(args.stack))
         if args.command == "submit":
-            return submit_job(read_stack(args.stack), args.job, dry_run=args.dry_run, out=args.out,
+            return submit_job(read_stack(args.stack, args.stacks_dir), args.job, dry_run=args.dry_run, out=args.out,
                               kubeconfig=args.kubeconfig, context=args.context, pipeline=args.pipeline,
                               model_name=args.model_name)
         return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)

@@ -41,6 +41,7 @@ from trainyard.workloads.pod import JOB_LABEL
 WORKLOADS_KEY = f"{PROJECT}:workloads"
 FIELD_MANAGER = "trainyard-submit"
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+APPLY_ORDER = ("ConfigMap", "PersistentVolumeClaim", "Job", "PodMonitor")
 # The kinds a job is made of, and where the API serves each (namespaced collections).
 COLLECTIONS = {
     ("v1", "ConfigMap"): "api/v1/namespaces/{namespace}/configmaps",
@@ -102,7 +103,9 @@ def render_job(stack: StackFile, spec: dict[str, Any], job_file: Path) -> list[d
     for record in mine:
         if record.type == VOLCANO_JOB and (problem := trainer_problem(record, records, pools)):
             raise InputError(f"{job_file}: trainerConfig: {problem}")
-    return [manifest_of(r) for r in mine]
+    # What the Job mounts first, so an apply never starts pods on a missing ConfigMap or claim (the program's
+    # registration order varies from run to run).
+    return sorted((manifest_of(r) for r in mine), key=lambda m: APPLY_ORDER.index(m["kind"]))
 
 
 def dump(manifests: Sequence[dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from mlflow_server import mlflow_server
+from owned_stacks import OWNED_STACKS
 from test_prepare import SIZES, corpus
 from test_prepare import prepare as prepare_corpus
 from trainer_launch import TINY, WORKLOADS, run, subprocess_env
@@ -169,9 +170,9 @@ def _local(value: str, root: Path, parameters: dict[str, str], workflow: str) ->
 
 @pytest.mark.slow
 def test_the_workflow_templates_steps_run_as_written(tmp_path: Path) -> None:
-    """The local stack's first job as a pipeline (`submit --pipeline`), each step's command taken from the
-    WorkflowTemplate and run here: prepare a corpus, train on it, gate, register in MLflow."""
-    stack = read_stack("local")
+    """The first job of the tests' own local stack as a pipeline (`submit --pipeline`), each step's command taken
+    from the WorkflowTemplate and run here: prepare data, train on it, gate, register in MLflow."""
+    stack = read_stack("laptop", OWNED_STACKS)
     spec = {**json.loads(stack.values[WORKLOADS_KEY])[0], "name": "pipeline"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     template = workflow_template(render_job(stack, spec, tmp_path / "job.yaml"))
@@ -179,7 +180,7 @@ def test_the_workflow_templates_steps_run_as_written(tmp_path: Path) -> None:
     assert [s[0]["template"] for s in steps["pipeline"]["steps"]] == [
         "prepare", "clear-previous-run", "train", "evaluate", "register"]
     parameters = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
-    # The synthetic corpus (corpus empty): the local job's tiny model has no room for a BPE vocabulary;
+    # The synthetic corpus (corpus empty): the laptop job's tiny model has no room for a BPE vocabulary;
     # a prepared corpus through evaluate and register is the tests above.
     parameters |= {"min-accuracy": "0.05", "max-latency-ms": "5000", "max-memory-gb": "64",
                    "model-name": "pipeline-lm"}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import OWNED_STACKS
 from trainyard.__main__ import main as cli
 from trainyard.plan.conformance import check_manifest
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
@@ -21,7 +22,21 @@ from trainyard.platform.tenants import queue_name
 from trainyard.submit import FIELD_MANAGER, WORKLOADS_KEY, apply, apply_requests, render_job
 from trainyard.workloads.pod import JOB_LABEL
 
-STACKS = available_stacks()
+# The sample stacks a user may edit (expectations derive from their data) and the tests' own (fixed expectations).
+SAMPLE = [(name, None) for name in available_stacks()]
+OWNED = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS)]
+
+
+def stack_of(name: str, where: Path | None) -> StackFile:
+    return read_stack(name) if where is None else read_stack(name, where)
+
+
+def fleet() -> StackFile:
+    return read_stack("fleet", OWNED_STACKS)
+
+
+def cli_args(*args: str) -> list[str]:
+    return ["submit", "--stack", "fleet", "--stacks-dir", str(OWNED_STACKS), *args]
 
 
 def jobs_of(stack: StackFile) -> list[dict[str, Any]]:
@@ -40,16 +55,23 @@ def write_job(tmp_path: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("stack_name", STACKS)
-def test_a_submitted_job_is_exactly_what_the_stack_would_deploy(stack_name: str, tmp_path: Path) -> None:
-    """One source of truth: the stack's first job, taken out of the stack and submitted by a tenant instead, gives
-    the same objects, field for field, as `pulumi up` creates for it in the stack."""
-    stack = read_stack(stack_name)
-    jobs = jobs_of(stack)
-    if not jobs:
-        pytest.fail(f"stack {stack_name} has no workloads to compare with")
-    spec = jobs[0]
-    deployed = sorted((manifest_of(r) for r in render(stack).resources if is_kubernetes_object(r)
+def with_jobs(stacks: list[tuple[str, Path | None]]) -> list[tuple[str, Path | None]]:
+    return [(name, where) for name, where in stacks if jobs_of(stack_of(name, where))]
+
+
+@pytest.mark.parametrize(("stack_name", "where"), with_jobs(SAMPLE) + OWNED)
+def test_a_submitted_job_is_exactly_what_the_stack_would_deploy(stack_name: str, where: Path | None,
+                                                                 tmp_path: Path) -> None:
+    """One source of truth: each job of the stack, taken out of it and submitted by a tenant instead, gives the same
+    objects, field for field, as `pulumi up` creates for it in the stack."""
+    stack = stack_of(stack_name, where)
+    recording = render(stack)
+    for spec in jobs_of(stack):
+        _same_as_deployed(stack, recording.resources, spec, tmp_path)
+
+
+def _same_as_deployed(stack: StackFile, resources: list[Any], spec: dict[str, Any], tmp_path: Path) -> None:
+    deployed = sorted((manifest_of(r) for r in resources if is_kubernetes_object(r)
                        and (r.inputs.get("metadata") or {}).get("labels", {}).get(JOB_LABEL) == spec["name"]),
                       key=lambda m: (m["kind"], m["metadata"]["name"]))
     submitted = sorted(render_job(without(stack, spec["name"]), spec, write_job(tmp_path, spec)),
@@ -58,9 +80,9 @@ def test_a_submitted_job_is_exactly_what_the_stack_would_deploy(stack_name: str,
     assert submitted == deployed
 
 
-@pytest.mark.parametrize("stack_name", STACKS)
-def test_every_tenant_can_submit_a_job(stack_name: str, tmp_path: Path) -> None:
-    stack = read_stack(stack_name)
+@pytest.mark.parametrize(("stack_name", "where"), with_jobs(SAMPLE) + OWNED)
+def test_every_tenant_can_submit_a_job(stack_name: str, where: Path | None, tmp_path: Path) -> None:
+    stack = stack_of(stack_name, where)
     settings = settings_of(stack)
     template = jobs_of(stack)[0]
     for tenant in settings.tenants:
@@ -72,11 +94,11 @@ def test_every_tenant_can_submit_a_job(stack_name: str, tmp_path: Path) -> None:
         assert {m["metadata"]["namespace"] for m in manifests} == {tenant.namespace_name}  # nothing outside it
 
 
-def bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: Any, stack: str = "dev") -> str:
+def bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: Any) -> str:
     path = tmp_path / "job.yaml"
     path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
     out = tmp_path / "out"
-    assert cli(["submit", "--stack", stack, "--job", str(path), "--out", str(out)]) == 2
+    assert cli(cli_args("--job", str(path), "--out", str(out))) == 2
     assert not out.exists()  # nothing written
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and captured.out == ""
@@ -84,11 +106,9 @@ def bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: Any, stack: st
 
 
 def test_bad_job_files_are_refused_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stack = read_stack("dev")
-    settings = settings_of(stack)
-    good = {**jobs_of(stack)[0], "name": "mine"}
-    tenants = sorted(t.name for t in settings.tenants)
-    pool = good["nodePool"]
+    stack = fleet()
+    good = {**jobs_of(stack)[1], "name": "mine"}  # fleet's finetune-h200: elastic, 1 to 4 nodes
+    tenants = sorted(t.name for t in settings_of(stack).tenants)
 
     err = bad(tmp_path, capsys, {**good, "tenant": "nobody"})
     assert f"job.yaml: tenant: unknown tenant 'nobody'; tenants: {', '.join(tenants)}" in err
@@ -100,33 +120,31 @@ def test_bad_job_files_are_refused_by_key(tmp_path: Path, capsys: pytest.Capture
     assert err.startswith("error: 2 problems; nothing was written or sent:")
     err = bad(tmp_path, capsys, {**good, "trainerConfig": "../../etc/passwd"})
     assert "job.yaml: trainerConfig: '../../etc/passwd' must be the name of a file in workloads/configs/" in err
-    err = bad(tmp_path, capsys, {**good, "name": jobs_of(stack)[0]["name"]})
-    assert f"name: {jobs_of(stack)[0]['name']!r} is a job of stack 'dev' itself" in err
+    err = bad(tmp_path, capsys, {**good, "name": "pretrain-h100"})
+    assert "name: 'pretrain-h100' is a job of stack 'fleet' itself" in err
     err = bad(tmp_path, capsys, "- just\n- a list\n")
     assert "job.yaml: expected a map of job keys" in err
     err = bad(tmp_path, capsys, "name: [unclosed\n")
     assert "job.yaml" in err and err.count("\n") <= 2
-    assert pool  # the dev stack's job runs on a pool: the pool case above refused a real key
 
 
 def test_a_trainer_config_the_gpus_cannot_hold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stack = read_stack("dev")
-    good = {**jobs_of(stack)[0], "name": "too-big", "trainerConfig": "llama-7b.yaml", "kind": "smoke",
-            "minNodes": 1, "maxNodes": 1, "gpusPerNode": 1}
+    good = {**jobs_of(fleet())[0], "name": "too-big", "trainerConfig": "llama-7b.yaml", "minNodes": 1,
+            "maxNodes": 1, "gpusPerNode": 1, "autoscaling": {"enabled": False}}  # 7B with AdamW on one 80 GB H100
     err = bad(tmp_path, capsys, good)
     assert "job.yaml: trainerConfig: the trainer refuses its config (/etc/trainyard/llama-7b.yaml" in err
     assert "more than the GPU's" in err and err.count("\n") == 1
 
 
 def test_a_missing_job_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["submit", "--stack", "dev", "--job", str(tmp_path / "none.yaml"), "--dry-run"]) == 2
+    assert cli(cli_args("--job", str(tmp_path / "none.yaml"), "--dry-run")) == 2
     assert f"--job {tmp_path / 'none.yaml'}: no such file" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stack = read_stack("dev")
-    spec = {**jobs_of(stack)[0], "name": "printed"}
-    assert cli(["submit", "--stack", "dev", "--job", str(write_job(tmp_path, spec)), "--dry-run"]) == 0
+    stack = fleet()
+    spec = {**jobs_of(stack)[1], "name": "printed"}
+    assert cli(cli_args("--job", str(write_job(tmp_path, spec)), "--dry-run")) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
     assert printed == render_job(stack, spec, tmp_path / "job.yaml")
 
@@ -170,11 +188,13 @@ def api_server(tmp_path: Path) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
 def test_apply_sends_each_manifest_as_a_server_side_apply(tmp_path: Path, api_server: Any,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     kubeconfig, seen = api_server
-    stack = read_stack("dev")
-    spec = {**jobs_of(stack)[0], "name": "applied"}
+    stack = fleet()
+    spec = {**jobs_of(stack)[1], "name": "applied"}
     manifests = render_job(stack, spec, write_job(tmp_path, spec))
-    assert cli(["submit", "--stack", "dev", "--job", str(tmp_path / "job.yaml"), "--kubeconfig", str(kubeconfig)]) == 0
+    assert cli(cli_args("--job", str(tmp_path / "job.yaml"), "--kubeconfig", str(kubeconfig))) == 0
     assert [(r["path"].split("?")[0], r["body"]) for r in seen] == apply_requests(manifests)
+    # What the Job mounts goes first: its pods never start on a missing ConfigMap or claim.
+    assert [r["body"]["kind"] for r in seen][:3] == ["ConfigMap", "PersistentVolumeClaim", "Job"]
     for request in seen:
         assert request["headers"]["content-type"] == "application/apply-patch+yaml"
         assert request["headers"]["authorization"] == "Bearer tenant-token"
@@ -190,21 +210,23 @@ def test_a_refused_apply_is_one_line(tmp_path: Path, api_server: Any) -> None:
     other = yaml.safe_load(kubeconfig.read_text())
     other["users"][0]["user"]["token"] = "someone-else"
     kubeconfig.write_text(yaml.safe_dump(other))
-    stack = read_stack("dev")
-    spec = {**jobs_of(stack)[0], "name": "denied"}
+    stack = fleet()
+    spec = {**jobs_of(stack)[1], "name": "denied"}
     manifests = render_job(stack, spec, write_job(tmp_path, spec))
     with pytest.raises(Exception, match=r"^PersistentVolumeClaim .+: the API server refused it \(403\): forbidden$"):
         apply(manifests, kubeconfig, None)
 
 
-@pytest.mark.parametrize("stack_name", STACKS)
-def test_the_pipeline_is_a_valid_workflow_template_around_the_same_job(stack_name: str, tmp_path: Path,
+@pytest.mark.parametrize(("stack_name", "where"), with_jobs(SAMPLE) + OWNED)
+def test_the_pipeline_is_a_valid_workflow_template_around_the_same_job(stack_name: str, where: Path | None,
+                                                                        tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    stack = read_stack(stack_name)
+    stack = stack_of(stack_name, where)
     settings = settings_of(stack)
     spec = {**jobs_of(stack)[0], "name": "piped"}
     job_file = write_job(tmp_path, spec)
-    assert cli(["submit", "--stack", stack_name, "--job", str(job_file), "--pipeline", "--dry-run"]) == 0
+    stacks_dir = ["--stacks-dir", str(where)] if where is not None else []
+    assert cli(["submit", "--stack", stack_name, *stacks_dir, "--job", str(job_file), "--pipeline", "--dry-run"]) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
     manifests = render_job(stack, spec, job_file)
     (template,) = [m for m in printed if m["kind"] == "WorkflowTemplate"]
