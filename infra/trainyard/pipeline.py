@@ -75,7 +75,8 @@ def _steps(manifests: Sequence[dict[str, Any]], config_file: str, overrides: Seq
     (config_map,) = [m for m in manifests if m["kind"] == "ConfigMap"]
     text = config_map["data"][config_file.rsplit("/", 1)[-1]]
     try:
-        return parse_config(load(text) or {}, overrides).train.steps
+        steps: int = parse_config(load(text) or {}, overrides).train.steps
+        return steps
     except ConfigError as exc:  # submit checked it already (trainer_check); say so if not
         raise ValueError(f"the job's trainer config does not parse: {exc}") from exc
 

@@ -142,6 +142,13 @@ class State:
         self.models[b["name"]] = {"name": b["name"], "description": b.get("description", ""), "versions": []}
         return {"registered_model": {"name": b["name"]}}
 
+    def get_model_versions_search(self, q: dict[str, str]) -> dict[str, Any]:
+        key, _, value = q["filter"].partition("=")
+        if key.strip() != "run_id" or not (value.startswith("'") and value.endswith("'")):
+            raise RefusedError(400, "INVALID_PARAMETER_VALUE", f"unsupported filter {q['filter']!r}")
+        run_id = value[1:-1]
+        return {"model_versions": [v for m in self.models.values() for v in m["versions"] if v["run_id"] == run_id]}
+
     def post_model_versions_create(self, b: dict[str, Any]) -> dict[str, Any]:
         if b["name"] not in self.models:
             raise _missing(f"Registered Model with name={b['name']}")

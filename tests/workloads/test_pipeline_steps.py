@@ -23,8 +23,10 @@ from trainyard.plan.runtime import read_stack
 from trainyard.submit import WORKLOADS_KEY, render_job
 from trainyard.workloads.launch import CHECKPOINT_DIR
 from trainyard_train import evaluate, register
+from trainyard_train.checkpoint import read_commit, write_commit
 from trainyard_train.evaluate import GATE_FAILED, Measured, Thresholds, failures
 from trainyard_train.exitcodes import CONFIG_ERROR
+from trainyard_train.mlflow_rest import MlflowClient
 from trainyard_train.tracking import RUN_FILE
 
 TRAIN = [*SIZES, "data.generate=false", "train.steps=40", "checkpoint.interval_steps=20", "train.log_every=10"]
@@ -122,16 +124,44 @@ def test_a_passing_model_is_registered_with_its_evaluation(trained: Any) -> None
     assert tags["data_sha256"] == evaluation["data_sha256"]
     # The run carries the evaluation too: metrics at the checkpoint's step, and the file.
     (accuracy,) = server.state.metric_history(run_id, "eval.accuracy")
+    assert f"{prefix_of(run_info)}/checkpoints/step-00000040.json" in server.state.artifacts  # the tracker's
     assert accuracy["step"] == 40 and accuracy["value"] == evaluation["metrics"]["accuracy"]
-    prefix = run_info["artifact_uri"].removeprefix("mlflow-artifacts:/")
-    assert json.loads(server.state.artifacts[f"{prefix}/evaluation.json"]) == evaluation
+    assert json.loads(server.state.artifacts[f"{prefix_of(run_info)}/evaluation.json"]) == evaluation
     # The training run saw the training data: its hash is on the run (tracking.py).
     assert server.state.runs[run_id]["tags"]["trainyard.data_sha256"] == json.loads(
         (root / "data" / "manifest.json").read_text())["content_sha256"]
-    # Registering again (a rerun of the workflow) adds a version to the same model.
+    # The pipeline retries the step: the same run and step give the same version, the metrics once.
     again = step("register", "--evaluation", str(out), "--model-name", "tiny-lm", "--run-dir", str(root / "run"),
                  env=env)
-    assert again.returncode == 0 and again.stdout.startswith("registered tiny-lm version 2 ")
+    assert again.returncode == 0 and again.stdout.startswith("registered tiny-lm version 1 ")
+    assert len(server.state.models["tiny-lm"]["versions"]) == 1
+    assert len(server.state.metric_history(run_id, "eval.accuracy")) == 1
+
+
+def prefix_of(run_info: dict[str, Any]) -> str:
+    return str(run_info["artifact_uri"]).removeprefix("mlflow-artifacts:/")
+
+
+def test_register_writes_the_checkpoint_reference_the_tracker_missed(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint = tmp_path / "checkpoints" / "step-00000007"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "__0_0.distcp").write_bytes(b"weights")
+    write_commit(checkpoint, {"step": 7})
+    evaluation = tmp_path / "evaluation.json"
+    evaluation.write_text(json.dumps({"passed": True, "metrics": {"accuracy": 0.9}, "thresholds": {},
+                                      "checkpoint": {"step": 7, "path": str(checkpoint)}}))
+    with mlflow_server() as server:
+        client = MlflowClient(server.uri)
+        run = client.create_run(client.experiment_id("e", "mlflow-artifacts:/research/e"), "r", 0, {})
+        (tmp_path / RUN_FILE).write_text(json.dumps({"run_id": run["info"]["run_id"]}))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+        args = ["--evaluation", str(evaluation), "--model-name", "m", "--run-dir", str(tmp_path)]
+        assert register.main(args) == 0
+        reference = json.loads(server.state.artifacts[f"{prefix_of(run['info'])}/checkpoints/step-00000007.json"])
+        assert reference["path"] == str(checkpoint) and reference["commit"] == read_commit(checkpoint)
+        (version,) = server.state.models["m"]["versions"]
+        assert version["source"] == f"{run['info']['artifact_uri']}/checkpoints/step-00000007.json"
 
 
 def test_register_refuses_what_did_not_pass_and_bad_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

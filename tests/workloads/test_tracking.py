@@ -208,3 +208,34 @@ def test_data_the_server_refuses_is_dropped_not_resent(tmp_path: Path, caplog: p
         time.sleep(0.3)
         tracker.close(timeout_s=5)
         assert all("log-batch" not in r for r in server.state.requests[sent:])  # nothing sent twice
+
+
+class _FlakyClient(MlflowClient):
+    """Raises something other than MlflowError once: a bug or an OS error in the thread's path."""
+
+    failed = False
+
+    def log_batch(self, *args: Any, **kwargs: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("unexpected")
+        super().log_batch(*args, **kwargs)
+
+
+def test_an_unreadable_run_file_or_an_unexpected_error_never_ends_tracking(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = load_config(TINY, [f"run_dir={tmp_path}"])
+    (tmp_path / RUN_FILE).write_text("")  # a claim restored half-way
+    with mlflow_server() as server:
+        tracker = Tracker(TrackingTarget(server.uri, "robust", None), cfg, client=_FlakyClient(server.uri),
+                          flush_s=0.05, retry_s=0.2).start()
+        tracker.record({"event": "step", "time": time.time(), "step": 1, "loss": 1.0, "seconds": 0.1,
+                        "grad_bytes": 10, "samples": 16})
+        wait_until(lambda: any(r["metrics"] for r in server.state.runs.values()))
+        tracker.record({"event": "done", "time": time.time(), "step": 1, "samples": 16})
+        tracker.close(timeout_s=10)
+    assert "tracking_run_file_unreadable" in caplog.text
+    assert "tracking_error uri=" in caplog.text and "error=RuntimeError" in caplog.text
+    (run,) = server.state.runs.values()
+    assert run["info"]["status"] == "FINISHED" and run["params"]  # a new run, whole
+    assert json.loads((tmp_path / RUN_FILE).read_text())["run_id"] == run["info"]["run_id"]

@@ -6,7 +6,7 @@ scipy, scikit-learn, matplotlib), and its HTTP layer retries each call with back
 short timeout; callers decide when to try again.
 
 Endpoints and limits: MLflow REST API 2.0 (https://mlflow.org/docs/latest/api_reference/rest-api.html): experiments
-get-by-name/create, runs create/get/update/log-batch, registered-models create/get, model-versions create/set-tag,
+get-by-name/create, runs create/get/update/log-batch, registered-models create, model-versions create/search,
 and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` the server runs with --serve-artifacts
 (mlflow/store/artifact/mlflow_artifacts_repo.py resolves ``mlflow-artifacts:/<path>`` against the tracking URI).
 """
@@ -176,6 +176,31 @@ class MlflowClient:
                               code="INVALID_PARAMETER_VALUE", status=400)
         return target
 
+    def artifact_exists(self, artifact_uri: str, relative_path: str, s3: Any = None) -> bool:
+        if match := _ARTIFACT_URI.fullmatch(artifact_uri.rstrip("/")):
+            path = "/api/2.0/mlflow-artifacts/artifacts/" + urllib.parse.quote(f"{match.group(1)}/{relative_path}")
+            try:
+                self._send("GET", path, None, "application/octet-stream")
+            except MlflowError as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+        if match := _S3_URI.fullmatch(artifact_uri.rstrip("/")):
+            if s3 is None:
+                import boto3
+
+                s3 = boto3.client("s3")
+            try:
+                s3.head_object(Bucket=match.group(1), Key=f"{match.group(2)}/{relative_path}")
+            except Exception as exc:  # noqa: BLE001 - botocore's ClientError carries the status
+                if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise MlflowError(f"{artifact_uri}/{relative_path}: {exc}") from None
+            return True
+        raise MlflowError(f"artifact URI {artifact_uri!r}: only mlflow-artifacts:/ and s3:// are read here",
+                          code="INVALID_PARAMETER_VALUE", status=400)
+
     # -- model registry -------------------------------------------------------------------------------------------
 
     def ensure_registered_model(self, name: str, description: str = "") -> None:
@@ -184,6 +209,11 @@ class MlflowClient:
         except MlflowError as exc:
             if exc.code != "RESOURCE_ALREADY_EXISTS":
                 raise
+
+    def model_versions_of_run(self, run_id: str) -> list[dict[str, Any]]:
+        found = self.call("GET", "model-versions/search", query={"filter": f"run_id='{run_id}'"})
+        versions: list[dict[str, Any]] = found.get("model_versions", [])
+        return versions
 
     def create_model_version(self, name: str, source: str, run_id: str, tags: dict[str, str],
                              description: str = "") -> dict[str, Any]:

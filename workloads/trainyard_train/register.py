@@ -6,9 +6,10 @@ The training run is the one the trainer tracked (``run_dir/mlflow-run.json``, tr
 ``MLFLOW_TRACKING_URI``. The step logs the evaluation to that run (metrics ``eval.*`` at the checkpoint's step and
 ``evaluation.json`` as an artifact), creates the registered model if it is new, and adds a version whose source is
 the checkpoint's reference artifact in the run (``checkpoints/step-NNNNNNNN.json``: the claim path and the exported
-copy's URI) and whose tags carry every measured number, the thresholds and the dataset's manifest hash. It prints
-the version. An evaluation that did not pass is refused: the gate stops the workflow first, and this step never
-registers a model on its own judgement.
+copy's URI; written here if the tracker did not) and whose tags carry every measured number, the thresholds and
+the dataset's manifest hash. It prints the version; run again for the same run and step, it returns that version.
+An evaluation that did not pass is refused: the gate stops the workflow first, and this step never registers a
+model on its own judgement.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import CheckpointRef
+from .config import ConfigError
 from .exitcodes import CONFIG_ERROR
+from .export import ExportTarget
 from .mlflow_rest import Metric, MlflowClient, MlflowError
-from .tracking import RUN_FILE, TRACKING_URI_ENV
+from .tracking import RUN_FILE, TRACKING_URI_ENV, checkpoint_reference, reference_name
 
 NOT_PASSED = 3  # as evaluate.GATE_FAILED: final, the workflow stops
 
@@ -54,20 +58,34 @@ def _run_id(run_dir: Path) -> str:
 
 
 def register(client: MlflowClient, evaluation: dict[str, Any], model_name: str, run_id: str) -> dict[str, Any]:
+    """Idempotent, since the pipeline retries it: a version of this model for this run and step is returned, not
+    made again; the evaluation's metrics are logged once; the checkpoint's reference is written if the tracker
+    (best effort) did not."""
     run = client.get_run(run_id)
     artifact_uri = run["info"]["artifact_uri"]
     step = int(evaluation["checkpoint"]["step"])
+    for version in client.model_versions_of_run(run_id):
+        tags = {t["key"]: t["value"] for t in version.get("tags", [])}
+        if version["name"] == model_name and tags.get("checkpoint.step") == str(step):
+            return version
     now = int(time.time() * 1000)
     measured = {k: v for k, v in evaluation["metrics"].items() if isinstance(v, int | float)}
-    client.log_batch(run_id, [Metric(f"eval.{k}", float(v), step, now) for k, v in measured.items()])
+    logged = {(m["key"], m.get("step")) for m in run.get("data", {}).get("metrics", [])}
+    client.log_batch(run_id, [Metric(f"eval.{k}", float(v), step, now) for k, v in measured.items()
+                              if (f"eval.{k}", step) not in logged])
     client.upload_artifact(artifact_uri, "evaluation.json", json.dumps(evaluation, indent=2).encode())
+    source = reference_name(step)
+    if not client.artifact_exists(artifact_uri, source):
+        reference = checkpoint_reference(CheckpointRef(step, Path(evaluation["checkpoint"]["path"])),
+                                         ExportTarget.from_env())
+        client.upload_artifact(artifact_uri, source, json.dumps(reference, indent=2, default=str).encode())
     tags = {f"eval.{k}": str(v) for k, v in measured.items()}
     tags |= {f"gate.{k}": str(v) for k, v in evaluation["thresholds"].items()}
     tags |= {"checkpoint.step": str(step), "checkpoint.path": str(evaluation["checkpoint"]["path"])}
     if evaluation.get("data_sha256"):
         tags["data_sha256"] = str(evaluation["data_sha256"])
     client.ensure_registered_model(model_name, "registered by the trainyard pipeline (trainyard_train.register)")
-    return client.create_model_version(model_name, f"{artifact_uri}/checkpoints/step-{step:08d}.json", run_id, tags,
+    return client.create_model_version(model_name, f"{artifact_uri}/{source}", run_id, tags,
                                        description=f"step {step}: " + ", ".join(f"{k}={v}" for k, v in tags.items()
                                                                                 if k.startswith("eval.")))
 
@@ -93,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return NOT_PASSED
         client = MlflowClient(uri, timeout_s=30.0)
         version = register(client, evaluation, args.model_name, _run_id(args.run_dir))
-    except (InputError, ValueError) as exc:
+    except (InputError, ConfigError, ValueError, OSError) as exc:  # OSError: the checkpoint is gone from the claim
         print(f"register: {exc}", file=sys.stderr)
         return CONFIG_ERROR
     except MlflowError as exc:

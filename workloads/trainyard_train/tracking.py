@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from .checkpoint import complete_checkpoints, read_commit
+from .checkpoint import CheckpointRef, complete_checkpoints, read_commit
 from .config import Config
 from .export import ExportTarget
 from .logs import LOGGER_NAME, kv
@@ -159,10 +159,12 @@ class Tracker:
                     if self._warned:
                         log.info(kv("tracking_reconnected", uri=self.target.uri, run_id=self.run_id))
                         self._warned = False
-                except MlflowError as exc:  # retriable only: _sent() settles refusals
+                except Exception as exc:  # noqa: BLE001 - the thread must outlive any failure; _sent() settles refusals
                     self._next_try = time.monotonic() + self.retry_s
                     if not self._warned:
-                        log.warning(kv("tracking_unavailable", uri=self.target.uri, detail=exc, retry_s=self.retry_s,
+                        event = "tracking_unavailable" if isinstance(exc, MlflowError) else "tracking_error"
+                        log.warning(kv(event, uri=self.target.uri, error=type(exc).__name__, detail=exc,
+                                       retry_s=self.retry_s,
                                        effect="training goes on; metrics are kept and sent when it is back"))
                         self._warned = True
             if stopping:
@@ -207,10 +209,21 @@ class Tracker:
         if final and status is not None:
             self.client.update_run(run_id, status, int(time.time() * 1000))
 
+    def _recorded_run(self) -> str | None:
+        """The run id an earlier attempt recorded; an unreadable file (a claim restored half-way) counts as none."""
+        try:
+            return str(json.loads(self.run_file.read_text())["run_id"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning(kv("tracking_run_file_unreadable", path=self.run_file, detail=exc,
+                           effect="a new run is created"))
+            return None
+
     def _open_run(self) -> None:
         """Reopen the job's run (a restart, a resize) or create it, with the config as its parameters."""
-        if self.run_file.exists():
-            run_id = json.loads(self.run_file.read_text())["run_id"]
+        run_id = self._recorded_run()
+        if run_id is not None:
             try:
                 run = self.client.get_run(run_id)
             except MlflowError as exc:
@@ -238,19 +251,32 @@ class Tracker:
         for ref in complete_checkpoints(self.cfg.checkpoint_dir):
             if f"checkpoint {ref.step}" in self._done:
                 continue
-            reference = {
-                "step": ref.step,
-                "path": str(ref.path),
-                "export": f"s3://{self.export.bucket}/{self.export.step_prefix(ref.step)}" if self.export else None,
-                "commit": read_commit(ref.path),
-            }
+            try:
+                reference = checkpoint_reference(ref, self.export)
+            except (OSError, ValueError):  # retention removed it since it was listed: nothing left to point at
+                continue
 
-            def send(name: str = ref.path.name, reference: dict[str, Any] = reference) -> None:
-                uri = self.client.upload_artifact(self.artifact_uri, f"checkpoints/{name}.json",
+            def send(name: str = reference_name(ref.step), reference: dict[str, Any] = reference) -> None:
+                uri = self.client.upload_artifact(self.artifact_uri, name,
                                                   json.dumps(reference, indent=2, default=str).encode(), self.s3)
                 self.client.log_batch(run_id, tags={"trainyard.checkpoint.latest": reference["export"] or uri})
 
             self._once(f"checkpoint {ref.step}", send)
+
+
+def checkpoint_reference(ref: CheckpointRef, export: ExportTarget | None) -> dict[str, Any]:
+    """A committed checkpoint as the run records it (``checkpoints/step-NNNNNNNN.json``): where it is on the claim,
+    its exported copy, its commit marker (files, sizes, CRC-32s)."""
+    return {
+        "step": ref.step,
+        "path": str(ref.path),
+        "export": f"s3://{export.bucket}/{export.step_prefix(ref.step)}" if export else None,
+        "commit": read_commit(ref.path),
+    }
+
+
+def reference_name(step: int) -> str:
+    return f"checkpoints/step-{step:08d}.json"
 
 
 def start_tracker(cfg: Config, is_main: bool) -> Tracker | None:
