@@ -277,9 +277,9 @@ def test_gpu_health_is_refused_on_the_local_stack(key: str) -> None:
 
 
 def test_local_tracking_needs_its_database_operator() -> None:
-    raw = copy.deepcopy(_raw("local"))
+    raw = copy.deepcopy(_raw("laptop", OWNED_STACKS))
     raw["addons"]["mlflow"] = {"enabled": True}
     raw["addons"]["cloudnativePg"] = {"enabled": False}
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "local", raw)
+        parse_settings(PROJECT, "laptop", raw)
     assert "  - trainyard:addons.cloudnativePg.enabled: MLflow's database on target 'local'" in str(caught.value)

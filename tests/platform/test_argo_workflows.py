@@ -9,61 +9,63 @@ needs. Expectations come from each stack's settings and the release's rendered o
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import OWNED_STACKS
 from trainyard import names
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedRelease
-from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack, settings_of
+from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.argo_workflows import API_SERVER_POLICY, EXECUTOR_ROLE, KEY_FORMAT
 
-STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).addons.argo_workflows.enabled]
+# The tests' own AWS and local stacks, and every sample stack that turns Argo Workflows on: (name, stacks folder).
+Stack = tuple[str, Path]
+STACKS: list[Stack] = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS),
+                       *((s, STACKS_DIR) for s in available_stacks()
+                         if settings_of(read_stack(s)).addons.argo_workflows.enabled)]
 RELEASE = "argo-workflows"
 IMAGE_TAGS = {"workflow-controller", "argocli", "argoexec"}
 
 
 @cache
-def _plan(stack: str) -> StackPlan:
-    return plan_stack(read_stack(stack))
+def _plan(stack: Stack) -> StackPlan:
+    return plan_stack(read_stack(*stack))
 
 
-def _recording(stack: str) -> Recording:
+def _recording(stack: Stack) -> Recording:
     return _plan(stack).recording
 
 
-def _release(stack: str) -> RenderedRelease:
+def _release(stack: Stack) -> RenderedRelease:
     return _plan(stack).rendered.releases[RELEASE]
 
 
-def _controller_config(stack: str) -> dict[str, Any]:
+def _controller_config(stack: Stack) -> dict[str, Any]:
     (config_map,) = [o for o in _release(stack).of_kind("ConfigMap")
                      if o["metadata"]["name"].endswith("workflow-controller-configmap")]
     config: dict[str, Any] = yaml.safe_load(config_map["data"]["config"])
     return config
 
 
-def _objects(stack: str, kind: str, name: str) -> dict[str, dict[str, Any]]:
+def _objects(stack: Stack, kind: str, name: str) -> dict[str, dict[str, Any]]:
     """namespace -> the object of that kind and name the program creates there."""
     return {m["metadata"]["namespace"]: m for m in (manifest_of(r) for r in _recording(stack).resources
                                                     if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind)
             if m["metadata"]["name"] == name}
 
 
-def _checkpoint_bucket(stack: str) -> str | None:
+def _checkpoint_bucket(stack: Stack) -> str | None:
     buckets = [r.inputs["bucket"] for r in _recording(stack).resources if r.type == "aws:s3/bucket:Bucket"
                and "checkpoints" in r.inputs["bucket"]]
     return buckets[0] if buckets else None
 
 
-def test_workflows_are_on_in_some_aws_stack_and_on_local() -> None:
-    assert {settings_of(read_stack(s)).target for s in STACKS} == {"aws", "local"}
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_crds_come_with_the_release_and_nothing_downloads_them(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_crds_come_with_the_release_and_nothing_downloads_them(stack: Stack) -> None:
     release = _release(stack)
     crds = {o["spec"]["group"] for o in release.of_kind("CustomResourceDefinition")}
     assert crds == {"argoproj.io"}
@@ -74,8 +76,8 @@ def test_crds_come_with_the_release_and_nothing_downloads_them(stack: str) -> No
     assert not [o for o in release.objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_controller_and_server_run_pinned_images_on_system_nodes(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_controller_and_server_run_pinned_images_on_system_nodes(stack: Stack) -> None:
     deployments = list(_release(stack).of_kind("Deployment"))
     assert len(deployments) == 2
     images = {c["image"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]}
@@ -95,21 +97,21 @@ def test_controller_and_server_run_pinned_images_on_system_nodes(stack: str) -> 
     assert "--auth-mode=client" in server["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_only_the_platforms_templates_run_as_the_tenants_workflow_account(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_only_the_platforms_templates_run_as_the_tenants_workflow_account(stack: Stack) -> None:
     config = _controller_config(stack)
     assert config["workflowRestrictions"] == {"templateReferencing": "Strict"}
     assert config["workflowDefaults"]["spec"]["serviceAccountName"] == names.WORKFLOW_SERVICE_ACCOUNT
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_artifacts_go_under_the_namespace_prefix_with_pod_credentials(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_artifacts_go_under_the_namespace_prefix_with_pod_credentials(stack: Stack) -> None:
     config, bucket = _controller_config(stack), _checkpoint_bucket(stack)
     if bucket is None:
         assert "artifactRepository" not in config
         return
     s3 = config["artifactRepository"]["s3"]
-    aws = settings_of(read_stack(stack)).aws
+    aws = settings_of(read_stack(*stack)).aws
     assert aws is not None
     region = aws.region
     assert s3 == {"bucket": bucket, "endpoint": f"s3.{region}.amazonaws.com", "region": region, "insecure": False,
@@ -120,13 +122,13 @@ def test_artifacts_go_under_the_namespace_prefix_with_pod_credentials(stack: str
     # And the tenant's workflow account holds that role.
     pairs = {(r.inputs["namespace"], r.inputs["serviceAccount"]) for r in _recording(stack).resources
              if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"}
-    for tenant in settings_of(read_stack(stack)).tenants:
+    for tenant in settings_of(read_stack(*stack)).tenants:
         assert (tenant.namespace_name, names.WORKFLOW_SERVICE_ACCOUNT) in pairs
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_each_tenant_gets_the_workflow_account_and_only_what_it_needs(stack: str) -> None:
-    tenants = sorted(t.namespace_name for t in settings_of(read_stack(stack)).tenants)
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_each_tenant_gets_the_workflow_account_and_only_what_it_needs(stack: Stack) -> None:
+    tenants = sorted(t.namespace_name for t in settings_of(read_stack(*stack)).tenants)
     accounts = _objects(stack, "ServiceAccount", names.WORKFLOW_SERVICE_ACCOUNT)
     roles = _objects(stack, "Role", EXECUTOR_ROLE)
     bindings = _objects(stack, "RoleBinding", EXECUTOR_ROLE)
@@ -143,11 +145,11 @@ def test_each_tenant_gets_the_workflow_account_and_only_what_it_needs(stack: str
         assert not any(r in {"secrets", "pods/exec", "roles", "rolebindings"} for _, r in rules)
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_workflow_pods_and_only_they_reach_the_api_server(stack: str) -> None:
-    cilium = settings_of(read_stack(stack)).addons.cilium.enabled
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_workflow_pods_and_only_they_reach_the_api_server(stack: Stack) -> None:
+    cilium = settings_of(read_stack(*stack)).addons.cilium.enabled
     policies = _objects(stack, "CiliumNetworkPolicy" if cilium else "NetworkPolicy", API_SERVER_POLICY)
-    assert sorted(policies) == sorted(t.namespace_name for t in settings_of(read_stack(stack)).tenants)
+    assert sorted(policies) == sorted(t.namespace_name for t in settings_of(read_stack(*stack)).tenants)
     for policy in policies.values():
         spec = policy["spec"]
         if cilium:

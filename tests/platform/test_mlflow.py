@@ -9,18 +9,20 @@ after its operator, on `local`. Expectations come from each stack's settings, ne
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from jsonschema import Draft7Validator
+from owned_stacks import OWNED_STACKS
 from trainyard import names
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import Settings
 from trainyard.config.load import platform_namespaces
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, plan_stack, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, plan_stack, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.mlflow import (
     ALLOWED_HOSTS,
@@ -33,34 +35,38 @@ from trainyard.platform.mlflow import (
     SERVER_SECRET,
 )
 
-STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).addons.mlflow.enabled]
+# The tests' own AWS and local stacks, and every sample stack that turns MLflow on: (name, stacks folder).
+Stack = tuple[str, Path]
+STACKS: list[Stack] = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS),
+                       *((s, STACKS_DIR) for s in available_stacks()
+                         if settings_of(read_stack(s)).addons.mlflow.enabled)]
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(read_stack(*stack))
 
 
-def _settings(stack: str) -> Settings:
-    return settings_of(read_stack(stack))
+def _settings(stack: Stack) -> Settings:
+    return settings_of(read_stack(*stack))
 
 
-def _records(stack: str, kind: str, namespace: str | None = None) -> list[ResourceRecord]:
+def _records(stack: Stack, kind: str, namespace: str | None = None) -> list[ResourceRecord]:
     return [r for r in _recording(stack).resources if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind
             and (namespace is None or manifest_of(r)["metadata"].get("namespace") == namespace)]
 
 
-def _one(stack: str, kind: str, name: str, namespace: str = names.MLFLOW_NAMESPACE) -> ResourceRecord:
+def _one(stack: Stack, kind: str, name: str, namespace: str = names.MLFLOW_NAMESPACE) -> ResourceRecord:
     (found,) = [r for r in _records(stack, kind, namespace) if manifest_of(r)["metadata"]["name"] == name]
     return found
 
 
-def _container(stack: str, kind: str, name: str) -> dict[str, Any]:
+def _container(stack: Stack, kind: str, name: str) -> dict[str, Any]:
     (container,) = manifest_of(_one(stack, kind, name))["spec"]["template"]["spec"]["containers"]
     return container
 
 
-def _server(stack: str) -> dict[str, Any]:
+def _server(stack: Stack) -> dict[str, Any]:
     return _container(stack, "Deployment", "mlflow")
 
 
@@ -68,23 +74,18 @@ def _option(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-def _tenant_namespaces(stack: str) -> list[str]:
+def _tenant_namespaces(stack: Stack) -> list[str]:
     return sorted(t.namespace_name for t in _settings(stack).tenants)
 
 
-def _checkpoint_bucket(stack: str) -> str | None:
+def _checkpoint_bucket(stack: Stack) -> str | None:
     buckets = [r.inputs["bucket"] for r in _recording(stack).resources if r.type == "aws:s3/bucket:Bucket"
                and "checkpoints" in r.inputs["bucket"]]
     return buckets[0] if buckets else None
 
 
-def test_mlflow_is_on_in_some_aws_stack_and_on_local() -> None:
-    targets = {_settings(s).target for s in STACKS}
-    assert targets == {"aws", "local"}, f"MLflow stacks {STACKS} cover targets {targets}: nothing checks the other"
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_every_tenant_is_told_the_server_and_its_own_artifact_root(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_every_tenant_is_told_the_server_and_its_own_artifact_root(stack: Stack) -> None:
     bucket = _checkpoint_bucket(stack)
     manifests = [manifest_of(r) for r in _records(stack, "ConfigMap")]
     configs = {m["metadata"]["namespace"]: m["data"] for m in manifests
@@ -96,8 +97,8 @@ def test_every_tenant_is_told_the_server_and_its_own_artifact_root(stack: str) -
         assert data == {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, "TRAINYARD_MLFLOW_ARTIFACT_ROOT": root}
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: Stack) -> None:
     uri = urlsplit(names.MLFLOW_TRACKING_URI)
     service = manifest_of(_one(stack, "Service", names.MLFLOW_SERVICE))
     assert uri.hostname == f"{names.MLFLOW_SERVICE}.{names.MLFLOW_NAMESPACE}.svc.cluster.local"
@@ -108,8 +109,8 @@ def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: st
     assert uri.netloc in ALLOWED_HOSTS.split(",")
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_server_artifacts_follow_the_target(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_server_artifacts_follow_the_target(stack: Stack) -> None:
     server, bucket = _server(stack), _checkpoint_bucket(stack)
     args = server["args"]
     if bucket is None:
@@ -126,8 +127,8 @@ def test_server_artifacts_follow_the_target(stack: str) -> None:
     assert first not in _tenant_namespaces(stack) and first in platform_namespaces()
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_only_tenants_and_prometheus_reach_the_server(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_only_tenants_and_prometheus_reach_the_server(stack: Stack) -> None:
     settings = _settings(stack)
     monitoring = ([load_catalogue(REPO_ROOT).chart("kube-prometheus-stack").namespace]
                   if settings.addons.monitoring.enabled else [])
@@ -152,8 +153,8 @@ def test_only_tenants_and_prometheus_reach_the_server(stack: str) -> None:
         assert [int(p["port"]) for p in ports] == [names.MLFLOW_PORT]
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: Stack) -> None:
     (job,) = _records(stack, "Job", names.MLFLOW_NAMESPACE)
     deployment = _one(stack, "Deployment", "mlflow")
     migrate = _container(stack, "Job", manifest_of(job)["metadata"]["name"])
@@ -165,8 +166,8 @@ def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: str) 
     assert job.replace_on_changes == ("spec",) and job.delete_before_replace
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> None:
     aws = _settings(stack).target == "aws"
     store = DATABASE_SECRET if aws else f"{CNPG_CLUSTER}-app"
     for container in (_server(stack), _container(stack, "Job", manifest_of(
@@ -183,8 +184,8 @@ def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: str) -> No
         assert manifest_of(_one(stack, "Secret", DATABASE_SECRET))["stringData"] == {"uri": "[secret]"}
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: Stack) -> None:
     clusters = _records(stack, "Cluster", names.MLFLOW_NAMESPACE)
     if _settings(stack).target == "aws":
         assert clusters == []
@@ -205,11 +206,11 @@ def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: st
 LOCAL_DATABASE_STACKS = [s for s in STACKS if _settings(s).target == "local"]
 
 
-@pytest.mark.parametrize("stack", LOCAL_DATABASE_STACKS)
-def test_local_database_matches_the_operator_the_release_renders(stack: str) -> None:
+@pytest.mark.parametrize("stack", LOCAL_DATABASE_STACKS, ids=[s[0] for s in LOCAL_DATABASE_STACKS])
+def test_local_database_matches_the_operator_the_release_renders(stack: Stack) -> None:
     """The Cluster is valid against the CRD the cloudnative-pg release itself installs (the version that will admit
     it), and the operator that reconciles it runs on the system nodes, scraped when monitoring is on."""
-    release = plan_stack(read_stack(stack)).rendered.releases["cloudnative-pg"]
+    release = plan_stack(read_stack(*stack)).rendered.releases["cloudnative-pg"]
     (crd,) = [o for o in release.of_kind("CustomResourceDefinition") if o["spec"]["names"]["kind"] == "Cluster"]
     (cluster,) = [manifest_of(r) for r in _records(stack, "Cluster", names.MLFLOW_NAMESPACE)]
     group, version = cluster["apiVersion"].split("/")

@@ -11,18 +11,23 @@ from __future__ import annotations
 import copy
 import json
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
+from owned_stacks import OWNED_STACKS
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.names import FABRIC_CHECK_NAMESPACE, tenant_group
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import PROJECT, StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import PROJECT, STACKS_DIR, StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.tenant_access import TENANT_ROLE
 
-STACKS = available_stacks()
+# The tests' own stacks and every sample stack: (name, stacks folder).
+Stack = tuple[str, Path]
+STACKS: list[Stack] = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS),
+                       *((s, STACKS_DIR) for s in available_stacks())]
 ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
 # What a member needs on an object they submit themselves: server-side apply (create, patch), watch it, cancel it.
 SUBMIT = {"create", "patch", "get", "watch", "delete"}
@@ -30,12 +35,13 @@ MEMBER = "arn:aws:iam::111122223333:role/ml-engineer"
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(read_stack(*stack))
 
 
 def _raw(stack: str) -> dict[str, Any]:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
+    """A stack the tests own, as the raw config its cases edit."""
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack, OWNED_STACKS).values.items()}
 
 
 def _stack_file(stack: str, raw: dict[str, Any]) -> StackFile:
@@ -65,9 +71,9 @@ def _plural(kind: str) -> str:
     return kind.lower() + ("es" if kind.endswith("s") else "s")
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_every_tenant_namespace_binds_its_group_to_its_role(stack: str) -> None:
-    settings, recording = settings_of(read_stack(stack)), _recording(stack)
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_every_tenant_namespace_binds_its_group_to_its_role(stack: Stack) -> None:
+    settings, recording = settings_of(read_stack(*stack)), _recording(stack)
     roles = {r["metadata"]["namespace"]: r for r in _manifests(recording, "Role")
              if r["metadata"]["name"] == TENANT_ROLE}
     bindings = {b["metadata"]["namespace"]: b for b in _manifests(recording, "RoleBinding")
@@ -87,8 +93,8 @@ def test_every_tenant_namespace_binds_its_group_to_its_role(stack: str) -> None:
             assert not named or (kind == "RoleBinding" and binding["metadata"]["name"] == TENANT_ROLE), binding
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_members_may_submit_what_a_stack_job_is_made_of(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_members_may_submit_what_a_stack_job_is_made_of(stack: Stack) -> None:
     recording = _recording(stack)
     roles = {r["metadata"]["namespace"]: r["rules"] for r in _manifests(recording, "Role")
              if r["metadata"]["name"] == TENANT_ROLE}
@@ -106,8 +112,8 @@ def test_members_may_submit_what_a_stack_job_is_made_of(stack: str) -> None:
     assert checked > 0
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_members_read_logs_but_no_secrets_and_run_no_pods_of_their_own(stack: str) -> None:
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_members_read_logs_but_no_secrets_and_run_no_pods_of_their_own(stack: Stack) -> None:
     for role in _manifests(_recording(stack), "Role"):
         if role["metadata"]["name"] != TENANT_ROLE:
             continue
@@ -118,18 +124,20 @@ def test_members_read_logs_but_no_secrets_and_run_no_pods_of_their_own(stack: st
         for resource in ("secrets", "pods/exec", "pods/attach", "pods/portforward", "serviceaccounts", "roles",
                          "rolebindings", "resourcequotas", "queues"):
             assert not any(resource in rule["resources"] for rule in rules), resource
-        # Workflows from the namespace's templates; the templates themselves are the platform's.
+        # A job's pipeline: its WorkflowTemplate (server-side applied by `submit --pipeline`) and Workflows from it;
+        # nothing cluster-wide of Argo's.
         assert _granted(rules, "argoproj.io", "workflows") >= SUBMIT
-        assert _granted(rules, "argoproj.io", "workflowtemplates") == {"get", "list", "watch"}
+        assert _granted(rules, "argoproj.io", "workflowtemplates") >= SUBMIT
+        assert not _granted(rules, "argoproj.io", "clusterworkflowtemplates")
 
 
 def test_named_principals_get_one_access_entry_with_their_tenants_groups() -> None:
-    raw = copy.deepcopy(_raw("prod"))
+    raw = copy.deepcopy(_raw("fleet"))
     tenants = raw["tenants"]
     assert len(tenants) >= 2, "the case needs two tenants sharing a member"
     tenants[0]["access"] = {"principalArns": [MEMBER]}
     tenants[1]["access"] = {"group": "team-b", "principalArns": [MEMBER, f"{MEMBER}-b"]}
-    recording = render(_stack_file("prod", raw))
+    recording = render(_stack_file("fleet", raw))
     entries = {r.inputs["principalArn"]: r for r in recording.resources if r.type == ACCESS_ENTRY}
     assert entries[MEMBER].inputs["kubernetesGroups"] == [tenant_group(tenants[0]["name"]), "team-b"]
     assert entries[f"{MEMBER}-b"].inputs["kubernetesGroups"] == ["team-b"]
@@ -144,14 +152,17 @@ def test_named_principals_get_one_access_entry_with_their_tenants_groups() -> No
     assert binding["subjects"][0]["name"] == "team-b"
 
 
+DEPLOY_ROLE = _raw("fleet")["deploy"]["roleArn"]
+
+
 @pytest.mark.parametrize(("stack", "mutate", "path", "fragment"), [
-    ("prod", lambda t: t[0].update(access={"group": "system:masters"}), "tenants[0].access.group", "reserves"),
-    ("prod", lambda t: [x.update(access={"group": "shared"}) for x in t[:2]], "tenants", "more than one tenant"),
-    ("prod", lambda t: t[0].update(access={"principalArns": [MEMBER, MEMBER]}), "tenants[0].access.principalArns",
+    ("fleet", lambda t: t[0].update(access={"group": "system:masters"}), "tenants[0].access.group", "reserves"),
+    ("fleet", lambda t: [x.update(access={"group": "shared"}) for x in t[:2]], "tenants", "more than one tenant"),
+    ("fleet", lambda t: t[0].update(access={"principalArns": [MEMBER, MEMBER]}), "tenants[0].access.principalArns",
      "more than once"),
-    ("prod", lambda t: t[0].update(access={"principalArns": ["arn:aws:iam::111122223333:role/trainyard-deploy-prod"]}),
+    ("fleet", lambda t: t[0].update(access={"principalArns": [DEPLOY_ROLE]}),
      "tenants[0].access.principalArns", "deploy role"),
-    ("local", lambda t: t[0].update(access={"principalArns": [MEMBER]}), "tenants[0].access.principalArns",
+    ("laptop", lambda t: t[0].update(access={"principalArns": [MEMBER]}), "tenants[0].access.principalArns",
      "target 'aws' only"),
 ], ids=["system-group", "shared-group", "duplicate-principal", "deploy-role", "entries-on-local"])
 def test_bad_access_is_named_by_key(stack: str, mutate: Any, path: str, fragment: str) -> None:

@@ -2,9 +2,9 @@
 
 The Role covers what a training job is made of (the Volcano Job, its PodGroup, the trainer ConfigMap, the checkpoint
 claim and the PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up`
-creates, plus reading pods, their logs and events, and submitting and watching Argo Workflows from the namespace's
-WorkflowTemplates. Nothing else: no Secrets, no pods of their own (Volcano's controller creates them), no exec, and
-no object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission policy
+creates, plus reading pods, their logs and events, and a job's Argo WorkflowTemplate and the Workflows run from
+it. Nothing else: no Secrets, no pods of their own (Volcano's and Argo's controllers create them), no exec, and no
+object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission policy
 (tenants.queue_policy) keeps their jobs in their own queue. On AWS the members reach the API server through EKS
 access entries that put their IAM principals in the group (cloud/access.py).
 """
@@ -34,10 +34,11 @@ def tenant_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods", "events"], "verbs": _READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
-        # Pipelines: Workflows from the namespace's WorkflowTemplates, which only the platform writes (the controller
-        # runs only Workflows that reference one: platform/argo-workflows/values.yaml workflowRestrictions).
-        {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": _MANAGE},
-        {"apiGroups": ["argoproj.io"], "resources": ["workflowtemplates"], "verbs": _READ},
+        # Pipelines: a job's WorkflowTemplate (`trainyard submit --pipeline` applies one per job) and the Workflows
+        # that reference it, the only ones the controller runs (platform/argo-workflows/values.yaml
+        # workflowRestrictions). A template's pods run as an account of the namespace, under its pod security level,
+        # as a Volcano Job's do: nothing a member could not already start.
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows", "workflowtemplates"], "verbs": _MANAGE},
     ]
 
 
