@@ -18,6 +18,9 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 # Label and taint (NoSchedule) of pools whose GPUs serve several pods: `mig` (a partitioning MIG layout) or
 # `time-sliced` (nodePools[].gpuSharing). Only pods that tolerate it land there; whole-GPU training never does.
 GPU_SHARING_KEY = "trainyard.io/gpu-sharing"
+# Where a node sits in the EC2 network, top layer first: set by EKS's cloud controller from DescribeInstanceTopology
+# (kubernetes/cloud-provider-aws pkg/providers/v1/instances_v2.go); Volcano builds its HyperNodes from them.
+NETWORK_LAYER_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{layer}" for layer in (1, 2, 3))
 # The GPU Operator's device plugin picks its config (devicePlugin.config.data key) by this node label.
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # That config's name for time-sliced pools (platform/gpu-operator/values.yaml devicePlugin.config.data).

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import io
+import json
 import re
+import ssl
 import subprocess
 import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from trainer_launch import subprocess_env
-from trainyard_train.commcheck import Result, bus_factor, parse_args, sizes, verdict
+from trainyard_train import commcheck
+from trainyard_train.commcheck import Result, bus_factor, parse_args, sizes, topology_line, verdict
 
 # A row of the table: size, count, type, redop, time (us), algbw, busbw, #wrong.
 ROW = re.compile(r"\s+(\d+)\s+(\d+)\s+float\s+sum\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)")
@@ -96,3 +103,65 @@ def test_an_unreachable_threshold_fails_the_run() -> None:
     done = _run("--min-busbw-gbps", "100000")
     assert done.returncode != 0
     assert re.search(r"# FAIL: busbw [\d.]+ GB/s at 1048576 B < threshold 100000.000 GB/s", done.stdout), done.stdout
+
+
+# --- where the ranks ran: the nodes' shared network layers ------------------------------------------------------
+
+LAYERS = ["topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
+          "topology.k8s.aws/network-node-layer-3"]
+
+
+def _node(*values: str) -> dict[str, str]:
+    return dict(zip(LAYERS, values, strict=False))
+
+
+def test_topology_line_names_the_layers_both_nodes_share() -> None:
+    same_spine = {"ip-1": _node("nn-a", "nn-b", "nn-c"), "ip-2": _node("nn-a", "nn-b", "nn-d")}
+    assert topology_line(same_spine, LAYERS) == (
+        "# topology: 2 nodes share topology.k8s.aws/network-node-layer-1=nn-a, "
+        "topology.k8s.aws/network-node-layer-2=nn-b; they differ from topology.k8s.aws/network-node-layer-3")
+    one_switch = {"ip-1": _node("nn-a", "nn-b", "nn-c"), "ip-2": _node("nn-a", "nn-b", "nn-c")}
+    assert topology_line(one_switch, LAYERS).endswith("layer-3=nn-c")
+    apart = {"ip-1": _node("nn-a"), "ip-2": _node("nn-x")}
+    assert topology_line(apart, LAYERS) == ("# topology: 2 nodes share no layer; they differ from "
+                                            "topology.k8s.aws/network-node-layer-1")
+    g5 = {"ip-1": {}, "ip-2": _node("nn-a")}
+    assert "no topology.k8s.aws/network-node-layer-1 label on ip-1" in topology_line(g5, LAYERS)
+    assert topology_line({"ip-1": "forbidden"}, LAYERS) == "# topology: unknown (ip-1: forbidden)"
+
+
+def test_node_labels_come_from_the_api_server_with_the_service_account(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    account = tmp_path
+    (account / "token").write_text("secret-token\n")
+    (account / "ca.crt").write_text("")
+    seen: dict[str, object] = {}
+
+    def urlopen(request: urllib.request.Request, context: object, timeout: float) -> io.BytesIO:
+        seen.update(url=request.full_url, auth=request.get_header("Authorization"), timeout=timeout)
+        return io.BytesIO(json.dumps({"metadata": {"labels": _node("nn-a")}}).encode())
+
+    monkeypatch.setattr(ssl, "create_default_context", lambda cafile: seen.setdefault("ca", cafile))
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.100.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert commcheck.node_labels("ip-1.ec2.internal", account) == _node("nn-a")
+    assert seen == {"ca": str(account / "ca.crt"), "url": "https://10.100.0.1:443/api/v1/nodes/ip-1.ec2.internal",
+                    "auth": "Bearer secret-token", "timeout": 10}
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    with pytest.raises(OSError, match="not in a cluster"):
+        commcheck.node_labels("ip-1", account)
+
+
+def test_one_rank_reports_why_it_cannot_tell(monkeypatch: pytest.MonkeyPatch) -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        monkeypatch.delenv(commcheck.NODE_ENV, raising=False)
+        assert commcheck.report_topology(LAYERS, 0) == "# topology: unknown (rank 0: $NODE_NAME not set)"
+        monkeypatch.setenv(commcheck.NODE_ENV, "ip-1")
+        monkeypatch.setattr(commcheck, "node_labels", lambda name: _node("nn-a", "nn-b", "nn-c"))
+        assert commcheck.report_topology(LAYERS, 0) == (
+            "# topology: 1 node has topology.k8s.aws/network-node-layer-1=nn-a, "
+            "topology.k8s.aws/network-node-layer-2=nn-b, topology.k8s.aws/network-node-layer-3=nn-c")
+    finally:
+        dist.destroy_process_group()

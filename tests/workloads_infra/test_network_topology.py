@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from jobs_render import fabric_checks, rendered, training_jobs, volcano_jobs, volcano_schema_errors
+from trainyard.names import NETWORK_LAYER_LABELS
 from trainyard.plan.runtime import available_stacks, read_stack, settings_of
 
 
@@ -52,3 +53,26 @@ def test_a_changed_job_spec_replaces_the_job(stack: str) -> None:
     for name, record in volcano_jobs(rendered(stack)).items():
         assert record.replace_on_changes == ("spec",), name
         assert record.delete_before_replace, name
+
+
+@pytest.mark.parametrize("stack", available_stacks())
+def test_fabric_checks_can_read_their_nodes_topology_and_nothing_else(stack: str) -> None:
+    recording = rendered(stack)
+    for name, record in fabric_checks(recording).items():
+        pod = record.inputs["spec"]["tasks"][0]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert f"--node-labels={','.join(NETWORK_LAYER_LABELS)}" in container["args"]
+        assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+        assert pod["serviceAccountName"] == name and pod["automountServiceAccountToken"] is True
+        namespace = record.inputs["metadata"]["namespace"]
+        children = [r for r in recording.resources if r.parent == record.parent]
+        (role,) = [r.inputs for r in children if r.type == "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"]
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+        (binding,) = [r.inputs for r in children
+                      if r.type == "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        (policy,) = [r.inputs for r in children if r.type == "kubernetes:cilium.io/v2:CiliumNetworkPolicy"]
+        assert policy["spec"]["endpointSelector"] == {"matchLabels": {"trainyard.io/job": name}}
+        assert policy["spec"]["egress"] == [{"toEntities": ["kube-apiserver"],
+                                             "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}]

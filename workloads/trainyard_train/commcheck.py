@@ -13,6 +13,11 @@ in GB/s = 10^9 bytes/s, like nccl-tests' columns. Each size is then checked once
 element must come back as n(n+1)/2 ("#wrong"). Exit status: 0 when nothing is wrong and, with
 --min-busbw-gbps, the bus bandwidth at the largest size reaches it; 1 otherwise; 2 for a bad command line.
 
+With --node-labels (the fabric check passes the EKS network-topology labels, top layer first), each node's first
+rank reads its node's labels from the API server ($NODE_NAME, the pod's service account) and rank 0 prints which of
+those layers all nodes share, so the bandwidth can be read against where the ranks ran; a failure to read them is
+reported, never fatal.
+
 On GPUs (NCCL) buffers live on `cuda:LOCAL_RANK` and CUDA events time the loop on the stream the collectives
 are ordered on; on CPU (gloo) a wall clock does. Self-contained on purpose: it shares nothing with the trainer,
 so a broken trainer never hides a working fabric or the reverse.
@@ -21,12 +26,17 @@ so a broken trainer never hides a working fabric or the reverse.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import ssl
 import sys
 import time
-from collections.abc import Sequence
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -41,6 +51,9 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 # Defaults: nccl-tests' usual sweep on GPUs; on CPU, gloo over loopback takes seconds per large size.
 GPU_MAX_BYTES = 1024**3
 CPU_MAX_BYTES = 16 * 1024**2
+# The pod's node (downward API spec.nodeName) and where Kubernetes mounts the service account's token and CA.
+NODE_ENV = "NODE_NAME"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-busbw-gbps", type=_non_negative_float, default=0.0,
                         help="fail unless busbw at the largest size reaches this many GB/s (10^9 bytes/s, as "
                              "nccl-tests' busbw column); 0 (default) reports without a threshold")
+    parser.add_argument("--node-labels", type=lambda text: [k for k in text.split(",") if k], default=[],
+                        help="comma-separated node label keys, top network layer first: report which ones all "
+                             "nodes share (needs $NODE_NAME and a service account that may get nodes)")
     return parser
 
 
@@ -216,6 +232,57 @@ def verdict(results: Sequence[Result], min_busbw: float) -> tuple[int, str]:
     return (1 if failed else 0), "\n".join(lines)
 
 
+def node_labels(name: str, account: Path = SERVICE_ACCOUNT_DIR) -> dict[str, str]:
+    """The labels of node `name`, read from the API server with the pod's service account (OSError if not)."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        raise OSError("not in a cluster: KUBERNETES_SERVICE_HOST is not set")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    request = urllib.request.Request(f"https://{host}:{port}/api/v1/nodes/{urllib.parse.quote(name)}",
+                                     headers={"Authorization": f"Bearer {(account / 'token').read_text().strip()}"})
+    context = ssl.create_default_context(cafile=str(account / "ca.crt"))
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        labels = json.load(response).get("metadata", {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def topology_line(nodes: Mapping[str, Mapping[str, str] | str], keys: Sequence[str]) -> str:
+    """What the nodes have in common among `keys` (top layer first), from {node: labels, or why they are unknown}."""
+    unknown = {node: why for node, why in nodes.items() if isinstance(why, str)}
+    if unknown:
+        return "# topology: unknown (" + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items())) + ")"
+    labels = [label for label in nodes.values() if not isinstance(label, str)]
+    unlabelled = sorted(n for n, label in nodes.items() if not isinstance(label, str) and keys[0] not in label)
+    if unlabelled:
+        return f"# topology: no {keys[0]} label on {', '.join(unlabelled)} (no EC2 network topology for its type)"
+    shared = []
+    for key in keys:
+        values = {label.get(key) for label in labels}
+        if len(values) != 1 or None in values:
+            break
+        shared.append(f"{key}={values.pop()}")
+    apart = keys[len(shared)] if len(shared) < len(keys) else None
+    count = f"{len(nodes)} node" + ("s share" if len(nodes) != 1 else " has")
+    return (f"# topology: {count} " + (", ".join(shared) or "no layer")
+            + (f"; they differ from {apart}" if apart else ""))
+
+
+def report_topology(keys: Sequence[str], local_rank: int) -> str | None:
+    """Collective: every node's labels (read by its first rank) gathered everywhere; rank 0's line, or None."""
+    entry: tuple[str, dict[str, str] | str] | None = None
+    if local_rank == 0:
+        name = os.environ.get(NODE_ENV, "")
+        try:
+            entry = (name, node_labels(name)) if name else (f"rank {dist.get_rank()}", f"${NODE_ENV} not set")
+        except (OSError, ValueError) as exc:
+            entry = (name, f"node labels unreadable: {exc}")
+    entries: list[tuple[str, dict[str, str] | str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, entry)
+    if dist.get_rank() != 0:
+        return None
+    return topology_line({node: value for e in entries if e is not None for node, value in [e]}, keys)
+
+
 def _init() -> tuple[torch.device, str, int]:
     """(device, backend, processes per node): NCCL on this rank's GPU when there is one, else gloo on CPU."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -244,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         main_rank = dist.get_rank() == 0
         if main_rank:
             print(header(backend, dist.get_world_size(), local_ranks, args), flush=True)
+        if args.node_labels and (line := report_topology(args.node_labels, int(os.environ.get("LOCAL_RANK", "0")))):
+            print(line, flush=True)
         results = []
         for size in steps:
             results.append(measure(size, work, args.warmup_iters, args.iters))

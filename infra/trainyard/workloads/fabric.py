@@ -18,9 +18,11 @@ import pulumi_kubernetes as k8s
 from trainyard.cloud.context import ClusterContext, PoolFacts
 from trainyard.config.instance_types import FABRIC_CHECK_NODES, FABRIC_CHECK_SHM, fabric_check_pod
 from trainyard.config.mig import WHOLE_GPU_RESOURCE
-from trainyard.names import POOL_LABEL, fabric_check_job
+from trainyard.names import NETWORK_LAYER_LABELS, POOL_LABEL, fabric_check_job
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
+from trainyard.platform.network_policy import CILIUM_API_VERSION
+from trainyard.platform.objects import custom_resource
 from trainyard.workloads import launch, sizing, volcano
 from trainyard.workloads.pod import (
     CONTAINER_SECURITY,
@@ -72,7 +74,8 @@ def command(args: FabricCheckArgs, processes: int) -> tuple[list[str], list[str]
         f"--rdzv-id={namespace}-{name}",
         "--max-restarts=0",
     ]
-    module = ["-m", "trainyard_train.commcheck", f"--min-busbw-gbps={args.min_busbw_gbps}"]
+    module = ["-m", "trainyard_train.commcheck", f"--min-busbw-gbps={args.min_busbw_gbps}",
+              f"--node-labels={','.join(NETWORK_LAYER_LABELS)}"]
     return ["sh", "-c", launch.ELASTIC_WRAPPER, "torchrun"], [*torchrun, *module]
 
 
@@ -103,12 +106,39 @@ class FabricCheck(pulumi.ComponentResource):
             "networkTopology": dict(volcano.SOFT_TOPOLOGY),
         }
         crds = [args.volcano] if args.volcano is not None else []
+        node_reader = self._node_reader(name, args)
         self.volcano_job = k8s.apiextensions.CustomResource(
             name, api_version=volcano.API_VERSION, kind=volcano.KIND, metadata=metadata, spec=spec,
-            opts=pulumi.ResourceOptions.merge(k8s_options(args.cluster, self, [*args.tenant.ready, *crds]),
-                                              volcano.REPLACE_ON_SPEC_CHANGE),
+            opts=pulumi.ResourceOptions.merge(
+                k8s_options(args.cluster, self, [*args.tenant.ready, *crds, *node_reader]),
+                volcano.REPLACE_ON_SPEC_CHANGE),
         )
         self.register_outputs({"job_name": args.name, "min_busbw_gbps": args.min_busbw_gbps})
+
+    def _node_reader(self, name: str, args: FabricCheckArgs) -> list[pulumi.Resource]:
+        """Lets the check's pods read their nodes' topology labels: a service account that may get nodes, and
+        egress to the API server, which the tenant namespace's default deny otherwise closes."""
+        ready = k8s_options(args.cluster, self, args.tenant.ready)
+        meta: Any = {"name": args.name, "namespace": args.tenant.namespace, "labels": _labels(args)}
+        account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata=meta, opts=ready)
+        cluster_meta: Any = {"name": f"trainyard-{args.name}-nodes", "labels": _labels(args)}
+        rules: Any = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+        role = k8s.rbac.v1.ClusterRole(f"{name}-nodes", metadata=cluster_meta, rules=rules, opts=ready)
+        role_ref: Any = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_meta["name"]}
+        subjects: Any = [{"kind": "ServiceAccount", "name": args.name, "namespace": args.tenant.namespace}]
+        binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-nodes", metadata=cluster_meta, role_ref=role_ref, subjects=subjects,
+            opts=k8s_options(args.cluster, self, [role, account]))
+        # Cilium adds allow rules up: this opens port 443 to the API server for the check's pods only (Cilium
+        # docs, Policy Language, Entities: kube-apiserver).
+        api = custom_resource(f"{name}-api-egress", {
+            "apiVersion": CILIUM_API_VERSION, "kind": "CiliumNetworkPolicy",
+            "metadata": {"name": f"{args.name}-api", "namespace": args.tenant.namespace, "labels": _labels(args)},
+            "spec": {"endpointSelector": {"matchLabels": {JOB_LABEL: args.name}},
+                     "egress": [{"toEntities": ["kube-apiserver"],
+                                 "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}]},
+        }, ready)
+        return [account, binding, api]
 
 
 def _labels(args: FabricCheckArgs) -> dict[str, str]:
@@ -130,13 +160,16 @@ def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
     resources = check_resources(pool)
     cmd, arguments = command(args, resources.processes)
     # HOME on the writable /tmp: the root filesystem is read-only (CUDA's JIT cache defaults to ~/.nv).
-    env = {**EFA_ENV, **NCCL_LOGGING, "HOME": "/tmp"}
+    plain = {**EFA_ENV, **NCCL_LOGGING, "HOME": "/tmp"}
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
+    # commcheck --node-labels reads this node's labels (downward API: the node the pod runs on).
+    env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     container = {
         "name": "commcheck",
         "image": args.image,
         "command": cmd,
         "args": arguments,
-        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "env": env,
         "ports": [{"name": "c10d", "containerPort": launch.RDZV_PORT, "protocol": "TCP"}],
         "resources": resources.as_k8s(),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
@@ -146,7 +179,9 @@ def pod_template(args: FabricCheckArgs) -> dict[str, Any]:
         # A failed check is a result: the pod is not restarted in place (and the job has no retries).
         "restartPolicy": "Never",
         "activeDeadlineSeconds": DEADLINE_SECONDS,
-        "automountServiceAccountToken": False,
+        # Its own account, which may only get nodes: commcheck reads the topology labels of its node.
+        "serviceAccountName": args.name,
+        "automountServiceAccountToken": True,
         "securityContext": dict(POD_SECURITY),
         "priorityClassName": args.priority_class,
         "nodeSelector": {POOL_LABEL: pool.name},
