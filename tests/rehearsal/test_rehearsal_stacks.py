@@ -400,3 +400,42 @@ def test_issue_19_finding_8_fluid_controllers_tolerating_every_taint_are_named()
     old = edit(fresh(_cache_stack()), release_of("fluid"), everywhere)
     (found,) = named(rehearsed(old).findings, "controllers-off-special-nodes", release_of("fluid"), old)
     assert "alluxioruntime-controller" in found.problem and "can land on" in found.problem, found.problem
+
+
+# ------------------------------------------------------------------------- issue 22: hard topology on Karpenter
+
+
+def _hard_job(record: ResourceRecord) -> bool:
+    return record.type == "kubernetes:batch.volcano.sh/v1alpha1:Job" and \
+        (lookup(record.inputs, "spec.networkTopology") or {}).get("mode") == "hard"
+
+
+def _pools_where(recording: Recording, test: Callable[[dict[str, Any]], bool]) -> list[str]:
+    return [str(lookup(r.inputs, "metadata.name")) for r in recording.resources
+            if r.type == "kubernetes:karpenter.sh/v1:NodePool" and test(r.inputs)]
+
+
+def _capacity(inputs: dict[str, Any]) -> list[str]:
+    return next(r["values"] for r in lookup(inputs, "spec.template.spec.requirements")
+                if r["key"] == "karpenter.sh/capacity-type")
+
+
+def test_hard_topology_where_karpenter_would_loop_is_refused_on_a_copy() -> None:
+    """prod's hard job sits on a Capacity Block pool and rehearses clean; moved to a spot pool, or grown past its
+    gang, the rehearsal names it."""
+    recording = fresh("prod")
+    assert any(_hard_job(r) for r in recording.resources), "prod shows no hard-topology job"
+    assert not named(rehearsed(recording).findings, "hard-topology-co-located", _hard_job, recording)
+    spot = _pools_where(recording, lambda inputs: "spot" in _capacity(inputs))[0]
+
+    def to_spot(inputs: dict[str, Any]) -> None:
+        for task in inputs["spec"]["tasks"]:
+            task["template"]["spec"]["nodeSelector"]["trainyard.io/pool"] = spot
+
+    def grown(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["tasks"][0]["replicas"] = inputs["spec"]["minAvailable"] + 1
+
+    for change, fragment in ((to_spot, "reclaimed spot node"), (grown, "the job grows")):
+        broken = edit(fresh("prod"), _hard_job, change)
+        found = named(rehearsed(broken).findings, "hard-topology-co-located", _hard_job, broken)
+        assert found and fragment in found[0].problem, [str(f) for f in found]

@@ -343,6 +343,13 @@ def test_pod_identity_behind_a_default_deny_needs_the_host_entity() -> None:
 
     assert rules_of(eks, cni, system, association, policy(old_rule)) == [("pod-identity-reachable", "deny")]
     assert findings(eks, cni, system, association, policy(new_rule)) == []
+    # A narrower policy adding egress (the fabric check's API access) keeps the namespace-wide allow.
+    narrow = rec("kubernetes:cilium.io/v2:CiliumNetworkPolicy", "api", {
+        "metadata": {"namespace": "research"},
+        "spec": {"endpointSelector": {"matchLabels": {"trainyard.io/job": "check"}},
+                 "egress": [{"toEntities": ["kube-apiserver"]}]}}, (system,))
+    assert findings(eks, cni, system, association, policy(new_rule), narrow) == []
+    assert ("pod-identity-reachable", "api") in rules_of(eks, cni, system, association, policy(old_rule), narrow)
 
 
 def test_a_gang_larger_than_its_queue_or_its_pools_limits_never_starts() -> None:
@@ -561,3 +568,50 @@ def test_a_trainer_reading_its_dataset_where_fluid_does_not_show_it_is_named() -
         in found.problem
     assert served({"mountPoint": "s3://bucket/datasets"}, "data.path=/data/s3/successor-v1") == []
     assert served({"mountPoint": "s3://bucket/datasets", "path": "/"}, "data.path=/data/successor-v1") == []
+
+
+def _hard_pool(name: str, types: list[str], capacity: list[str], *after: ResourceRecord,
+               placement: bool = False, blocks: bool = False) -> tuple[ResourceRecord, ResourceRecord]:
+    node_class, pool = karpenter_pool(name, types[0], *after, taints=[GPU_TAINT])
+    spec = pool.inputs["spec"]["template"]["spec"]
+    spec["requirements"] = [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity}]
+    if blocks:
+        spec["requirements"].append({"key": "karpenter.k8s.aws/capacity-reservation-type", "operator": "In",
+                                     "values": ["capacity-block"]})
+    class_spec: dict[str, object] = {}
+    if placement:
+        class_spec["placementGroupSelector"] = {"name": f"pg-{name}"}
+    if blocks:
+        class_spec["capacityReservationSelectorTerms"] = [{"id": "cr-0123456789abcdef0"}]
+    node_class = rec(node_class.type, node_class.name, {**node_class.inputs, "spec": class_spec}, after)
+    return node_class, rec(pool.type, pool.name, pool.inputs, (*after, node_class))
+
+
+@pytest.mark.parametrize(("types", "capacity", "placement", "blocks", "replicas", "fragment"), [
+    (["p5.48xlarge"], ["on-demand"], True, False, 2, None),
+    (["p5.48xlarge"], ["reserved"], False, True, 2, None),
+    (["p5.48xlarge"], ["spot"], True, False, 2, "reclaimed spot node"),
+    (["p5e.48xlarge", "p5en.48xlarge"], ["on-demand"], True, False, 2, "not co-located"),
+    (["p5.48xlarge"], ["on-demand"], False, False, 2, "not co-located"),
+    (["p5.48xlarge"], ["reserved"], False, False, 2, "not co-located"),
+    (["g5.48xlarge"], ["on-demand"], True, False, 2, "no EC2 network topology"),
+    (["p5.48xlarge"], ["on-demand"], True, False, 3, "the job grows"),
+])
+def test_hard_topology_is_refused_where_karpenter_would_loop(types: list[str], capacity: list[str], placement: bool,
+                                                            blocks: bool, replicas: int, fragment: str | None) -> None:
+    eks, cni, system = base()
+    karpenter = _karpenter(system)
+    node_class, pool = _hard_pool("train", types, capacity, karpenter, placement=placement, blocks=blocks)
+    hard = job("hard", gpu_pod("train", {"nvidia.com/gpu": "8"}), karpenter, replicas=replicas)
+    hard.inputs["spec"].update(minAvailable=2, networkTopology={"mode": "hard", "highestTierAllowed": 2})
+    found = [f for f in findings(eks, cni, system, karpenter, node_class, pool, hard)
+             if f.rule == "hard-topology-co-located"]
+    if fragment is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and fragment in found[0].problem, found
+    soft = job("soft", gpu_pod("train", {"nvidia.com/gpu": "8"}), karpenter, replicas=replicas)
+    soft.inputs["spec"]["networkTopology"] = {"mode": "soft"}
+    assert not [f for f in findings(eks, cni, system, karpenter, node_class, pool, soft)
+                if f.rule == "hard-topology-co-located"]

@@ -196,7 +196,9 @@ def build_aws(settings: Settings) -> ControlPlane:
                 instance_types=tuple(pool.instance_types), capacity_types=tuple(pool.capacity_types),
                 max_nodes=pool.max_size, user_data=gpu_user_data,
                 placement_group=placement.name if placement is not None else None,
-                capacity_reservations=tuple(r.id for r in pool.capacity_reservations))
+                capacity_reservations=tuple(r.id for r in pool.capacity_reservations),
+                capacity_blocks_only=pool.capacity_types == ["reserved"] and bool(pool.capacity_reservations)
+                and all(r.type == "capacity-block" for r in pool.capacity_reservations))
         pools.append(facts)
 
     ready: tuple[pulumi.Resource, ...] = (

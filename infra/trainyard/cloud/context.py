@@ -39,6 +39,8 @@ class PoolFacts:
     placement_group: pulumi.Input[str] | None = None
     # EC2 capacity reservation ids (ODCRs, Capacity Blocks) Karpenter launches the pool's `reserved` nodes into.
     capacity_reservations: tuple[str, ...] = ()
+    # Every node is a Capacity Block's (capacity type reserved only, every reservation a block).
+    capacity_blocks_only: bool = False
 
     @property
     def karpenter(self) -> bool:

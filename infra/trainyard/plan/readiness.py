@@ -16,6 +16,8 @@ from typing import Any
 
 from trainyard import names
 from trainyard.catalogue.charts import load_catalogue
+from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.names import POOL_LABEL
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_model import (
     GIB,
@@ -31,7 +33,15 @@ from trainyard.plan.cluster_model import (
     short_resources,
     untolerated,
 )
-from trainyard.plan.cluster_state import EKS_ADDON, NODE_GROUP, RELEASE, ClusterState, ceph_cluster_problem
+from trainyard.plan.cluster_state import (
+    EKS_ADDON,
+    NODE_CLASS,
+    NODE_GROUP,
+    NODE_POOL,
+    RELEASE,
+    ClusterState,
+    ceph_cluster_problem,
+)
 from trainyard.plan.pods import awaited_by_install, lookup, pod_needs, workloads
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import RenderedRelease, RenderedStack, chart_name
@@ -481,6 +491,61 @@ def pod_identity_reachable(record: ResourceRecord, moment: Moment) -> str | None
             f"169.254.170.23:{POD_IDENTITY_PORT} is the Cilium `host` entity and no rule allows toEntities host")
 
 
+# A hard networkTopology job binds only when one HyperNode of at most its tier holds its whole gang, and a running
+# one places new pods only under the HyperNode it holds (volcano pkg/scheduler/actions/allocate, plugins/
+# network-topology-aware, getSearchRoot @v1.15.1). Karpenter does not see HyperNodes: it launches nodes for the
+# pending pods wherever the NodePool allows; if they share no such HyperNode the pods stay Pending, the empty nodes
+# are consolidated after consolidateAfter and Karpenter launches again, a loop that bills GPU hours. Only capacity
+# that is co-located by construction breaks it: Capacity Blocks (EC2 UltraClusters) or one instance type in a
+# cluster placement group, on types EC2 reports a topology for, with no spot replacements and no growth.
+CAPACITY_RESERVATION_TYPE = "karpenter.k8s.aws/capacity-reservation-type"
+
+
+def _pool_records(pool: str, moment: Moment) -> tuple[ResourceRecord | None, ResourceRecord | None]:
+    node_pool = next((r for r in moment.records.values() if r.type == NODE_POOL
+                      and lookup(r.inputs, "metadata.name") == pool), None)
+    ref = lookup(node_pool.inputs, "spec.template.spec.nodeClassRef.name") if node_pool else None
+    node_class = next((r for r in moment.records.values() if r.type == NODE_CLASS
+                       and lookup(r.inputs, "metadata.name") == ref), None)
+    return node_pool, node_class
+
+
+def hard_topology_co_located(record: ResourceRecord, moment: Moment) -> str | None:
+    topology = lookup(record.inputs, "spec.networkTopology") or {}
+    if topology.get("mode") != "hard":
+        return None
+    pool = next((lookup(t, "template.spec.nodeSelector") or {} for t in lookup(record.inputs, "spec.tasks") or ()),
+                {}).get(POOL_LABEL)
+    node_pool, node_class = _pool_records(str(pool), moment)
+    if node_pool is None:
+        return None  # not Karpenter's: no launch to loop
+    requirements = {r.get("key"): list(r.get("values") or ()) for r in
+                    lookup(node_pool.inputs, "spec.template.spec.requirements") or ()}
+    types = requirements.get("node.kubernetes.io/instance-type", [])
+    capacity = requirements.get("karpenter.sh/capacity-type", [])
+    class_spec = (node_class.inputs.get("spec") or {}) if node_class else {}
+    blocks = (capacity == ["reserved"] and requirements.get(CAPACITY_RESERVATION_TYPE) == ["capacity-block"]
+              and bool(class_spec.get("capacityReservationSelectorTerms")))
+    placed = bool(class_spec.get("placementGroupSelector")) and len(types) == 1
+    tasks = lookup(record.inputs, "spec.tasks") or ()
+    replicas = sum(int(t.get("replicas", 1)) for t in tasks)
+    loop = f"hard networkTopology on NodePool {pool}: "
+    unlabelled = [t for t in types if (offer := INSTANCE_TYPES.get(t)) is None or not offer.network_layers]
+    if unlabelled:
+        return loop + (f"{', '.join(unlabelled)} report no EC2 network topology, so their nodes are in no "
+                       "HyperNode and the job never binds (Karpenter keeps launching and consolidating)")
+    if "spot" in capacity:
+        return loop + "a reclaimed spot node's replacement may land outside the job's HyperNode and never bind"
+    if replicas > int(lookup(record.inputs, "spec.minAvailable") or replicas):
+        return loop + (f"the job grows to {replicas} pods, whose nodes Karpenter may launch outside the HyperNode "
+                       "the job holds")
+    if not (blocks or placed):
+        return loop + ("its capacity is not co-located by construction (neither Capacity Blocks only nor one "
+                       "instance type in a placement group): Karpenter may launch nodes that share no HyperNode "
+                       "of the job's tier, which stay empty, are consolidated and launched again")
+    return None
+
+
 def _is(*types: str) -> Callable[[ResourceRecord], bool]:
     return lambda record: record.type in types
 
@@ -515,6 +580,8 @@ RULES: tuple[Rule, ...] = (
          "NVIDIA/k8s-device-plugin README, MIG support (mixed strategy)"),
     Rule("reclaim-configured", _is(*QUEUES), reclaim_configured, "volcano.sh docs, actions: reclaim"),
     Rule("pod-identity-reachable", _is(CILIUM_POLICY), pod_identity_reachable, "cilium/cilium issue 34387"),
+    Rule("hard-topology-co-located", _is(VOLCANO_JOB), hard_topology_co_located,
+         "volcano v1.15.1 network-topology-aware plugin, allocate getSearchRoot; Karpenter WhenEmpty consolidation"),
     Rule("cache-off-gpu-nodes", _is(ALLUXIO_RUNTIME), cache_off_gpu_nodes,
          "Karpenter disruption docs (WhenEmpty); Fluid AlluxioRuntime/Dataset placement"),
     Rule("trainer-config-valid", _is(VOLCANO_JOB), trainer_config_valid,

@@ -97,6 +97,12 @@ def node_pool_spec(pool: PoolFacts, node_class: str) -> dict[str, Any]:
         {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
         {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
     ]
+    if pool.capacity_blocks_only:
+        # Says so in the object: a Capacity Block pool's nodes sit together in the EC2 network, which a hard
+        # networkTopology job relies on (the rehearsal's hard-topology-co-located rule reads it). Karpenter takes
+        # the label as a requirement (website/content/en/docs/tasks/odcrs.md @v1.14.1).
+        requirements.append({"key": "karpenter.k8s.aws/capacity-reservation-type", "operator": "In",
+                             "values": ["capacity-block"]})
     return {
         "template": {
             # Includes nvidia.com/mig.config: nodes launched from zero come up partitioned by mig-manager.
