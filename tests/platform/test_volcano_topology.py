@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from trainyard.paths import PLATFORM_DIR
+from trainyard.plan.runtime import plan_stack, read_stack
 
 VALUES = PLATFORM_DIR / "volcano" / "values.yaml"
 # What the AWS cloud controller sets from DescribeInstanceTopology (cloud-provider-aws instances_v2.go), top first.
@@ -82,3 +83,15 @@ def test_eks_nodes_form_a_three_tier_tree_and_unlabelled_nodes_stay_out() -> Non
     assert tree[(layer[1], "nn-1")] == (3, {f"{layer[2]}=nn-2a", f"{layer[2]}=nn-2b"})
     # No topology labels (g5, system and storage nodes): in no HyperNode, only in Volcano's virtual cluster top.
     assert not any("g5" in m for _, m in tree.values())
+
+
+def test_the_rendered_configmaps_hold_the_plugin_and_a_parseable_discovery_config() -> None:
+    """As Helm 3.19.0 renders chart 1.15.1 with our values: the controller reads `volcano-controller.conf` into
+    NetworkTopologyConfig (pkg/controllers/hypernode/config/loader.go), so it must parse to that mapping."""
+    release = next(r for r in plan_stack(read_stack("prod")).rendered.releases.values() if r.chart == "volcano")
+    maps = {obj["metadata"]["name"]: obj["data"] for obj in release.of_kind("ConfigMap")}
+    controller = yaml.safe_load(maps[f"{release.name}-controller-configmap"]["volcano-controller.conf"])
+    assert controller == _custom()["controller_config_override"]
+    (scheduler,) = [data for name, data in maps.items() if name.endswith("scheduler-configmap")]
+    conf = yaml.safe_load(next(iter(scheduler.values())))
+    assert "network-topology-aware" in {p["name"] for tier in conf["tiers"] for p in tier["plugins"]}
