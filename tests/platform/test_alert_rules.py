@@ -140,90 +140,6 @@ def test_rule_files_fit_the_prometheusrule_crd() -> None:
         assert not errors, (rule_file.name, errors)
 
 
-ADAPTER_RULES = REPO / "platform" / "prometheus-adapter" / "rules.yaml"
-ADAPTER_CHART_VALUES = upstream_dir(REPO) / "charts" / "prometheus-adapter" / "5.3.0" / "values.yaml"
-
-
-def _adapter_rule() -> dict[str, Any]:
-    (rule,) = _load(ADAPTER_RULES)["rules"]["custom"]
-    assert isinstance(rule, dict)
-    return rule
-
-
-def test_adapter_rules_use_the_chart_keys() -> None:
-    chart_rules = _load(ADAPTER_CHART_VALUES)["rules"]
-    # `resource` is commented out in the chart's values but documented there.
-    known = set(chart_rules) | {"resource"}
-    ours = _load(ADAPTER_RULES)["rules"]
-    assert set(ours) <= known, set(ours) - known
-    assert ours["default"] is False
-    assert set(_adapter_rule()) == {"seriesQuery", "resources", "name", "metricsQuery"}
-
-
-def test_adapter_exposes_trainyard_gpu_utilization_per_pod() -> None:
-    rule = _adapter_rule()
-    assert rule["name"] == {"matches": "^DCGM_FI_PROF_GR_ENGINE_ACTIVE$", "as": "trainyard_gpu_utilization"}
-    resources = {override["resource"] for override in rule["resources"]["overrides"].values()}
-    assert resources == {"namespace", "pod"}
-
-
-def test_adapter_metrics_query_averages_a_pods_gpus_as_percent(tmp_path: Path) -> None:
-    # Render the query as prometheus-adapter would for
-    # `kubectl get --raw .../namespaces/team-a/pods/*/trainyard_gpu_utilization` and evaluate it with
-    # promtool against series shaped like dcgm-exporter's.
-    rule = _adapter_rule()
-    series_name = rule["name"]["matches"].strip("^$")
-    query = (
-        rule["metricsQuery"]
-        .replace("<<.Series>>", series_name)
-        .replace("<<.LabelMatchers>>", 'exported_namespace="team-a",exported_pod=~"train-0|train-1"')
-        .replace("<<.GroupBy>>", "exported_pod")
-    )
-    labels = (
-        'Hostname="n1",namespace="gpu-operator",exported_namespace="{ns}",exported_pod="{pod}",gpu="{gpu}"'
-    )
-    series = [
-        ("team-a", "train-0", "0", "0.5"),
-        ("team-a", "train-0", "1", "0.7"),
-        ("team-a", "train-1", "2", "0.9"),
-        ("team-b", "train-0", "3", "0.1"),
-        ("", "", "4", "0"),
-    ]  # an unallocated GPU: empty labels are absent labels
-    test = {
-        "rule_files": [],
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [
-                    {
-                        "series": f"{series_name}{{{labels.format(ns=ns, pod=pod, gpu=gpu)}}}",
-                        "values": f"{value}x5",
-                    }
-                    for ns, pod, gpu, value in series
-                ],
-                "promql_expr_test": [
-                    {
-                        "expr": query,
-                        "eval_time": "2m",
-                        "exp_samples": [
-                            {"labels": '{exported_pod="train-0"}', "value": 60},
-                            {"labels": '{exported_pod="train-1"}', "value": 90},
-                        ],
-                    },
-                    {
-                        "expr": f"count({rule['seriesQuery']})",
-                        "eval_time": "2m",
-                        "exp_samples": [{"labels": "{}", "value": 4}],
-                    },
-                ],
-            }
-        ],
-    }
-    test_file = tmp_path / "adapter.test.yaml"
-    test_file.write_text(yaml.safe_dump(test))
-    _run_promtool("test", "rules", str(test_file))
-
-
 DASHBOARDS = sorted((REPO / "platform" / "monitoring" / "dashboards").glob("*.json"))
 
 
@@ -257,7 +173,7 @@ GPU_OPERATOR_VALUES = REPO / "platform" / "gpu-operator" / "values.yaml"
 
 
 def test_dcgm_service_monitor_keeps_workload_labels_as_exported() -> None:
-    # Rules, dashboards and adapter find the pod holding a GPU in exported_namespace/exported_pod. With
+    # Rules and dashboards find the pod holding a GPU in exported_namespace/exported_pod. With
     # honorLabels true an unallocated GPU's series would instead inherit the exporter pod's own namespace/pod
     # target labels and look allocated to it.
     if not GPU_OPERATOR_VALUES.is_file():

@@ -21,7 +21,7 @@ from trainyard.plan.runtime import StackFile, available_stacks, read_stack, rend
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
 from trainyard.platform.gpu_operator import device_plugin_configs
-from trainyard.platform.monitoring import gpu_utilization_metric, retention_size
+from trainyard.platform.monitoring import retention_size
 from trainyard.platform.registry import load_registry
 from trainyard.platform.tenants import DEFAULT_DENY_POLICY
 
@@ -360,12 +360,12 @@ def test_rules_and_dashboards_become_objects() -> None:
     assert len(dashboards) == len(list((PLATFORM_DIR / "monitoring" / "dashboards").glob("*.json")))
 
 
-def test_adapter_serves_the_gpu_utilization_metric() -> None:
-    rules = yaml.safe_load((PLATFORM_DIR / "prometheus-adapter" / "rules.yaml").read_text())["rules"]
-    assert _releases("prod")["prometheus-adapter"]["values"]["rules"] == rules
-    assert gpu_utilization_metric(rules) == "trainyard_gpu_utilization"
-    with pytest.raises(ValueError, match="exactly one"):
-        gpu_utilization_metric({"custom": []})
+def test_no_component_serves_custom_metrics_nothing_scales_on() -> None:
+    """README, "Autoscaling": no HPA or KEDA object exists, so no custom-metrics adapter is deployed."""
+    for stack in available_stacks():
+        assert not [r for r in _releases(stack).values() if "adapter" in str(r.get("chart"))], stack
+        scalers = {"HorizontalPodAutoscaler", "ScaledObject", "ScaledJob"}
+        assert not [r for r in render(read_stack(stack)).resources if r.type.rsplit(":", 1)[-1] in scalers]
 
 
 @pytest.mark.parametrize("stack", ["prod", "local"])

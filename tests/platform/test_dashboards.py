@@ -18,7 +18,6 @@ DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 DCGM_CSV = REPO / "platform" / "gpu-operator" / "dcgm-metrics.csv"
 LISTED_METRICS = REPO / "platform" / "monitoring" / "metrics.yaml"
 RULE_FILES = sorted((REPO / "platform" / "monitoring" / "rules").glob("*.rules.yaml"))
-ADAPTER_RULES = REPO / "platform" / "prometheus-adapter" / "rules.yaml"
 TRAINER_METRICS_SOURCE = REPO / "workloads" / "trainyard_train" / "metrics.py"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -238,10 +237,10 @@ def test_training_dashboard_shows_every_trainer_metric() -> None:
     assert listed <= used, listed - used
 
 
-# --- rules and adapter against the same catalogue -----------------------------------------------------------
+# --- rules against the same catalogue -------------------------------------------------------------------------
 
 
-def test_rules_and_adapter_query_only_catalogued_metrics() -> None:
+def test_rules_query_only_catalogued_metrics() -> None:
     known = catalogue()
     exprs = [
         rule["expr"]
@@ -249,8 +248,6 @@ def test_rules_and_adapter_query_only_catalogued_metrics() -> None:
         for group in yaml.safe_load(path.read_text())["groups"]
         for rule in group["rules"]
     ]
-    adapter = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]["custom"]
-    exprs += [rule["seriesQuery"] for rule in adapter]
     used = {name for expr in exprs for name in metric_names(expr)}
     assert used <= known, sorted(used - known)
 

@@ -133,11 +133,12 @@ def test_a_release_whose_pods_fit_no_pool_hangs() -> None:
     infra_taint = {"key": "trainyard.io/role", "value": "infra", "effect": "NO_SCHEDULE"}
     tainted = node_group("infra", eks, cni, taints=[infra_taint])
     selector = {"nodeSelector": {"trainyard.io/role": "infra"}}
-    stuck = release("adapter", "prometheus-adapter", selector, tainted)
+    settings = {"settings": {"clusterName": "test"}}
+    stuck = release("karpenter", "karpenter", selector | settings | {"tolerations": []}, tainted)
     problem = findings(eks, cni, system, tainted, stuck)
-    assert [(f.rule, f.name) for f in problem] == [("release-needs-nodes", "adapter")]
+    assert [(f.rule, f.name) for f in problem] == [("release-needs-nodes", "karpenter")]
     assert "taint trainyard.io/role=infra:NoSchedule not tolerated" in problem[0].problem
-    tolerated = release("adapter", "prometheus-adapter", selector | {"tolerations": [
+    tolerated = release("karpenter", "karpenter", selector | settings | {"tolerations": [
         {"key": "trainyard.io/role", "operator": "Exists"}]}, tainted)
     assert findings(eks, cni, system, tainted, tolerated) == []
 

@@ -1,5 +1,6 @@
-"""Monitoring: kube-prometheus-stack (owns the monitoring.coreos.com CRDs), rules, dashboards, and
-prometheus-adapter serving GPU utilization as a custom metric for HPAs."""
+"""Monitoring: kube-prometheus-stack (owns the monitoring.coreos.com CRDs), rules and dashboards.
+
+No prometheus-adapter: nothing in the platform scales on a custom metric (README, "Autoscaling")."""
 
 from __future__ import annotations
 
@@ -33,21 +34,17 @@ _GIB = 2**30
 
 RULES_DIR = PLATFORM_DIR / "monitoring" / "rules"
 DASHBOARDS_DIR = PLATFORM_DIR / "monitoring" / "dashboards"
-ADAPTER_RULES = PLATFORM_DIR / "prometheus-adapter" / "rules.yaml"
 
 
 @dataclass(frozen=True)
 class MonitoringArgs:
     stack_chart: HelmChart
-    adapter_chart: HelmChart
     cluster: ClusterContext
     settings: MonitoringSettings
     grafana_admin_password: pulumi.Output[str] | None
     # Rule file stem -> its parsed `groups:` document; dashboard file stem -> JSON text.
     rules: Mapping[str, Mapping[str, Any]]
     dashboards: Mapping[str, str]
-    # prometheus-adapter `rules:` values (platform/prometheus-adapter/rules.yaml).
-    adapter_rules: Mapping[str, Any]
     # EBS gp3 StorageClass for Prometheus' volume on AWS, or None for the cluster default.
     storage_class: str | None = None
     # Services of other add-ons whose metrics no chart ServiceMonitor covers (platform/addons.yaml `scrape`).
@@ -58,14 +55,6 @@ class MonitoringArgs:
 def retention_size(storage_size: str) -> str:
     """Prometheus' size-based retention for a volume (its GB are GiB)."""
     return f"{max(1, int(float(parse_quantity(storage_size)) / _GIB * RETENTION_SHARE))}GB"
-
-
-def gpu_utilization_metric(adapter_rules: Mapping[str, Any]) -> str:
-    """The custom metric the adapter serves for GPU utilization: the one `as` name mentioning gpu."""
-    names = [rule["name"]["as"] for rule in adapter_rules.get("custom", []) if "gpu" in rule["name"]["as"]]
-    if len(names) != 1:
-        raise ValueError(f"prometheus-adapter rules: expected exactly one GPU utilization metric, found {names}")
-    return str(names[0])
 
 
 def stack_values(args: MonitoringArgs) -> dict[str, Any]:
@@ -128,11 +117,7 @@ class Monitoring(pulumi.ComponentResource):
                             after_release)
         for target in args.scrape:
             custom_resource(f"{name}-{target.name}", service_monitor(target, ns_name), after_release)
-        self.gpu_utilization_metric = gpu_utilization_metric(args.adapter_rules)
-        self.adapter = helm_release(f"{name}-adapter", args.adapter_chart, cluster, self,
-                                    values={"rules": dict(args.adapter_rules)}, depends_on=[self.release])
-        self.register_outputs({"release": self.release.id, "adapter": self.adapter.id,
-                               "gpuUtilizationMetric": self.gpu_utilization_metric})
+        self.register_outputs({"release": self.release.id})
 
     def _password(self, name: str, args: MonitoringArgs) -> pulumi.Input[str]:
         if args.grafana_admin_password is not None:
@@ -143,12 +128,11 @@ class Monitoring(pulumi.ComponentResource):
 
 def build(ctx: AddonContext) -> Monitoring:
     return Monitoring(ctx.addon.resource_name, MonitoringArgs(
-        stack_chart=ctx.chart("kube-prometheus-stack"), adapter_chart=ctx.chart("prometheus-adapter"),
+        stack_chart=ctx.chart("kube-prometheus-stack"),
         cluster=ctx.cluster, settings=ctx.settings(MonitoringSettings),
         grafana_admin_password=ctx.secrets.grafana_admin_password,
         rules={path.name.removesuffix(".rules.yaml"): _yaml(path) for path in sorted(RULES_DIR.glob("*.rules.yaml"))},
         dashboards={path.stem: path.read_text(encoding="utf-8") for path in sorted(DASHBOARDS_DIR.glob("*.json"))},
-        adapter_rules=_yaml(ADAPTER_RULES)["rules"],
         # Prometheus on EBS, not Ceph: it must not wait for Ceph on first install nor go down with it.
         storage_class=ctx.block_storage.name if ctx.block_storage is not None else None,
         scrape=tuple(target for addon in ctx.enabled for target in addon.scrape),
