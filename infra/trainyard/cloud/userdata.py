@@ -48,10 +48,6 @@ POD_NOFILE_HARD: Final = 1048576
 CpuManagerPolicy = Literal["none", "static"]
 TopologyManagerPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
 TopologyManagerScope = Literal["container", "pod"]
-# Policies under which the kubelet admits a pod whatever NUMA alignment its resources get: best-effort's
-# canAdmitPodResult always admits, none merges no hints (kubernetes pkg/kubelet/cm/topologymanager
-# policy_best_effort.go, policy_none.go). restricted and single-numa-node fail the pod with TopologyAffinityError.
-ADMITTING_POLICIES: Final = frozenset({"none", "best-effort"})
 
 
 class NodeRole(enum.StrEnum):
