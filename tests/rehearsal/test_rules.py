@@ -146,10 +146,10 @@ def test_a_release_whose_pods_fit_no_pool_hangs() -> None:
 def test_a_controller_placed_on_the_storage_group_is_named() -> None:
     eks, cni, system = base()
     storage_group = node_group("storage", eks, cni, taints=[STORAGE_TAINT])
-    values = {"nodeSelector": {"trainyard.io/role": "storage"},
+    values = {"nodeSelector": {"trainyard.io/role": "storage"}, "settings": {"clusterName": "test"},
               "tolerations": [{"key": "trainyard.io/role", "operator": "Exists"}]}
-    placed = release("adapter", "prometheus-adapter", values, storage_group)
-    assert rules_of(eks, cni, system, storage_group, placed) == [("controllers-off-special-nodes", "adapter")]
+    placed = release("karpenter", "karpenter", values, storage_group)
+    assert rules_of(eks, cni, system, storage_group, placed) == [("controllers-off-special-nodes", "karpenter")]
 
 
 def test_anti_affinity_replicas_need_distinct_nodes() -> None:
