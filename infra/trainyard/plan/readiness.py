@@ -501,7 +501,7 @@ def pod_identity_reachable(record: ResourceRecord, moment: Moment) -> str | None
 CAPACITY_RESERVATION_TYPE = "karpenter.k8s.aws/capacity-reservation-type"
 
 
-def _pool_records(pool: str, moment: Moment) -> tuple[ResourceRecord | None, ResourceRecord | None]:
+def pool_records(pool: str, moment: Moment) -> tuple[ResourceRecord | None, ResourceRecord | None]:
     node_pool = next((r for r in moment.records.values() if r.type == NODE_POOL
                       and lookup(r.inputs, "metadata.name") == pool), None)
     ref = lookup(node_pool.inputs, "spec.template.spec.nodeClassRef.name") if node_pool else None
@@ -516,7 +516,7 @@ def hard_topology_co_located(record: ResourceRecord, moment: Moment) -> str | No
         return None
     pool = next((lookup(t, "template.spec.nodeSelector") or {} for t in lookup(record.inputs, "spec.tasks") or ()),
                 {}).get(POOL_LABEL)
-    node_pool, node_class = _pool_records(str(pool), moment)
+    node_pool, node_class = pool_records(str(pool), moment)
     if node_pool is None:
         return None  # not Karpenter's: no launch to loop
     requirements = {r.get("key"): list(r.get("values") or ()) for r in

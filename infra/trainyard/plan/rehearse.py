@@ -5,16 +5,17 @@ Pulumi engine starts a resource once everything it waits on is done (`engine_ord
 SDK also fills from the outputs it consumes, its parent and its provider), so the cluster a resource meets is made of
 exactly those resources, transitively. Anything else may or may not be there yet, and a rule never counts on it.
 What a Helm release puts into the cluster is read from its rendered objects (`rendering`), never from a model
-of the chart. For each resource the rules of `readiness`, `lifecycle` and `rendered_rules` (what the
-charts render) check it against that cluster (and, for what controllers do later, against the cluster at
-the end of the run). The first problem in creation order is what `pulumi up` would hit first.
+of the chart. For each resource the rules of `readiness`, `lifecycle`, `rendered_rules` (what the charts render),
+`job_rules` (what each queue is handed) and `kubelet_admission` (what the nodes' kubelets admit) check it against
+that cluster (and, for what controllers do later, against the cluster at the end of the run). The first problem in
+creation order is what `pulumi up` would hit first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import job_rules, lifecycle, readiness, rendered_rules
+from trainyard.plan import job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import Moment
@@ -22,8 +23,8 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
 # Convergence of `pulumi up` (readiness, rendered_rules on what the charts render, job_rules on what each queue is
-# handed) and the bounds on what it leaves running (lifecycle).
-RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES)
+# handed, kubelet_admission on what the nodes' kubelets admit) and the bounds on what it leaves running (lifecycle).
+RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES, *kubelet_admission.RULES)
 
 
 @dataclass(frozen=True, slots=True)
