@@ -19,6 +19,7 @@ import pytest
 from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
 from trainyard.config import Settings
+from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.job_rules import job_demand
 from trainyard.plan.pods import lookup
@@ -404,38 +405,74 @@ def test_issue_19_finding_8_fluid_controllers_tolerating_every_taint_are_named()
 
 # ------------------------------------------------------------------------- issue 22: hard topology on Karpenter
 
-
-def _hard_job(record: ResourceRecord) -> bool:
-    return record.type == "kubernetes:batch.volcano.sh/v1alpha1:Job" and \
-        (lookup(record.inputs, "spec.networkTopology") or {}).get("mode") == "hard"
-
-
-def _pools_where(recording: Recording, test: Callable[[dict[str, Any]], bool]) -> list[str]:
-    return [str(lookup(r.inputs, "metadata.name")) for r in recording.resources
-            if r.type == "kubernetes:karpenter.sh/v1:NodePool" and test(r.inputs)]
+VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+CAPACITY_TYPE = "karpenter.sh/capacity-type"
 
 
-def _capacity(inputs: dict[str, Any]) -> list[str]:
-    return next(r["values"] for r in lookup(inputs, "spec.template.spec.requirements")
-                if r["key"] == "karpenter.sh/capacity-type")
+def _pool_of(job: ResourceRecord) -> str | None:
+    tasks = lookup(job.inputs, "spec.tasks") or ()
+    return (lookup(tasks[0], "template.spec.nodeSelector") or {}).get("trainyard.io/pool") if tasks else None
+
+
+def _types(pool: ResourceRecord) -> list[str]:
+    return next((list(r["values"]) for r in lookup(pool.inputs, "spec.template.spec.requirements") or ()
+                 if r["key"] == INSTANCE_TYPE), [])
+
+
+def _topology_case(stack: Stack) -> tuple[ResourceRecord, ResourceRecord] | None:
+    """The stack's first Volcano job on a Karpenter pool whose instance types report an EC2 network topology."""
+    records = rendered(stack).resources
+    pools = {lookup(r.inputs, "metadata.name"): r for r in records if r.type == NODE_POOL}
+    for job in (r for r in records if r.type == VOLCANO_JOB):
+        pool = pools.get(_pool_of(job))
+        if pool and _types(pool) and all(t in INSTANCE_TYPES and INSTANCE_TYPES[t].network_layers
+                                         for t in _types(pool)):
+            return job, pool
+    return None
+
+
+def _hard_on(stack: Stack, job: ResourceRecord, pool: ResourceRecord, capacity: str, grow: bool) -> Recording:
+    """On a copy: the job asks for hard topology on its pool, made one instance type of `capacity` in a cluster
+    placement group (co-located by construction unless spot); `grow` gives it one pod more than its gang."""
+    class_name = lookup(pool.inputs, "spec.template.spec.nodeClassRef.name")
+
+    def hard(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["networkTopology"] = {"mode": "hard", "highestTierAllowed": 3}
+        pods = sum(int(t.get("replicas", 1)) for t in inputs["spec"]["tasks"])
+        inputs["spec"]["minAvailable"] = pods
+        if grow:
+            inputs["spec"]["tasks"][0]["replicas"] = int(inputs["spec"]["tasks"][0].get("replicas", 1)) + 1
+
+    def placed(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["template"]["spec"]["requirements"] = [
+            {"key": INSTANCE_TYPE, "operator": "In", "values": _types(pool)[:1]},
+            {"key": CAPACITY_TYPE, "operator": "In", "values": [capacity]}]
+
+    def grouped(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["placementGroupSelector"] = {"name": "trainyard-test"}
+
+    recording = edit(fresh(stack), lambda r: r.urn == job.urn, hard)
+    recording = edit(recording, lambda r: r.urn == pool.urn, placed)
+    return edit(recording, lambda r: r.type == NODE_CLASS and lookup(r.inputs, "metadata.name") == class_name,
+                grouped)
 
 
 def test_hard_topology_where_karpenter_would_loop_is_refused_on_a_copy() -> None:
-    """prod's hard job sits on a Capacity Block pool and rehearses clean; moved to a spot pool, or grown past its
-    gang, the rehearsal names it."""
-    recording = fresh("prod")
-    assert any(_hard_job(r) for r in recording.resources), "prod shows no hard-topology job"
-    assert not named(rehearsed(recording).findings, "hard-topology-co-located", _hard_job, recording)
-    spot = _pools_where(recording, lambda inputs: "spot" in _capacity(inputs))[0]
-
-    def to_spot(inputs: dict[str, Any]) -> None:
-        for task in inputs["spec"]["tasks"]:
-            task["template"]["spec"]["nodeSelector"]["trainyard.io/pool"] = spot
-
-    def grown(inputs: dict[str, Any]) -> None:
-        inputs["spec"]["tasks"][0]["replicas"] = inputs["spec"]["minAvailable"] + 1
-
-    for change, fragment in ((to_spot, "reclaimed spot node"), (grown, "the job grows")):
-        broken = edit(fresh("prod"), _hard_job, change)
-        found = named(rehearsed(broken).findings, "hard-topology-co-located", _hard_job, broken)
-        assert found and fragment in found[0].problem, [str(f) for f in found]
+    """On rendered stacks (the fleet and each sample stack with such a job): a hard job on one instance type in a
+    placement group rehearses clean; the same on spot, or grown past its gang, is named (the rule's other cases:
+    tests/rehearsal/test_rules.py)."""
+    stacks = [FLEET, *((name, STACKS_DIR) for name in available_stacks())]
+    cases = [(stack, case) for stack in stacks if (case := _topology_case(stack))]
+    assert cases and cases[0][0] == FLEET, "the fleet has no Volcano job on a Karpenter pool of EC2-topology types"
+    for stack, (job, pool) in cases:
+        for capacity, grow, fragment in (("on-demand", False, None), ("spot", False, "reclaimed spot node"),
+                                         ("on-demand", True, "the job grows")):
+            copy_ = _hard_on(stack, job, pool, capacity, grow)
+            found = [f for f in rehearsed(copy_).findings if f.rule == "hard-topology-co-located" and f.urn == job.urn]
+            if fragment is None:
+                assert found == [], (stack, [str(f) for f in found])
+            else:
+                assert len(found) == 1 and fragment in found[0].problem, (stack, [str(f) for f in found])
