@@ -7,7 +7,8 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from trainer_launch import Launch
+from moto.server import ThreadedMotoServer
+from trainer_launch import Launch, free_port
 
 
 @pytest.fixture
@@ -19,3 +20,15 @@ def cleanup_launches() -> Iterator[list[Launch]]:
         if launched.proc.poll() is None:
             os.killpg(launched.proc.pid, signal.SIGKILL)
             launched.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """An S3-compatible server on localhost (moto's server mode): its endpoint URL."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()

@@ -10,8 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
-from trainer_launch import free_port, run
+from trainer_launch import run
 from trainyard_train.checkpoint import COMMIT, read_commit, step_dir
 from trainyard_train.config import ConfigError
 from trainyard_train.export import EXPORT_ENV, CheckpointExport, ExportTarget
@@ -19,17 +18,6 @@ from trainyard_train.export import EXPORT_ENV, CheckpointExport, ExportTarget
 BUCKET = "trainyard-checkpoints"
 PREFIX = "research/finetune/"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2"}
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture

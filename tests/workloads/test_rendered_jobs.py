@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
 from rendered_jobs import (
     Cluster,
     RenderedJob,
@@ -20,7 +18,6 @@ from rendered_jobs import (
     volcano_action,
     wait_all,
 )
-from trainer_launch import free_port
 from trainyard.plan.runtime import available_stacks
 from trainyard_train.checkpoint import COMMIT, complete_checkpoints
 from trainyard_train.exitcodes import CONFIG_ERROR, CRASH, STOPPED
@@ -57,22 +54,10 @@ def world(job: RenderedJob, nodes: int) -> int:
     return nodes * processes_per_pod(job, nodes)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """An S3-compatible server on localhost (moto's server mode) for the jobs that export their checkpoints."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.mark.parametrize("job", JOBS, ids=[f"{j.stack}-{j.job.name}" for j in JOBS])
 def test_rendered_job_runs_and_fails_as_its_policies_intend(job: RenderedJob, tmp_path: Path,
-                                                           s3_endpoint: str) -> None:
-    cluster = Cluster(job, tmp_path, s3_endpoint)
+                                                           s3_server: str) -> None:
+    cluster = Cluster(job, tmp_path, s3_server)
     cluster.prepare_dataset()
     policies = job.spec["policies"]
     low, high = job.node_counts[0], job.node_counts[-1]
