@@ -16,10 +16,14 @@ bf16, DDP computes under bf16 autocast):
   ceil(rows / dp_shard) (torch.chunk, as FSDP2 shards), DDP everything.
 - Gathered: FSDP2 all-gathers one group (a block, the embedding, or norm + head) before use and prefetches the next,
   so about two groups are unsharded at once, each in the gather dtype plus its fp32 unsharded gradient before the
-  reduce-scatter (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py@v2.13.0). Under pipelining the stage
-  stays unsharded across its micro-batches and gradients accumulate unsharded in fp32 (pipelining/stage.py:
-  set_reshard_after_backward(False) until the last micro-batch). DDP under autocast holds bf16 copies of the
-  weights its matmuls saved for backward.
+  reduce-scatter (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py@v2.13.0). Without pipelining that holds
+  for any number of micro-batches: the loop keeps FSDP's gradient sync on, so every micro-batch's backward
+  reduce-scatters into the sharded gradient (parallel/engine.py; with sync off, post_backward would keep each
+  parameter's whole gradient in fp32 until the last micro-batch, 4 bytes per held parameter). Under pipelining
+  torch turns sync off itself: the stage stays unsharded across its micro-batches and its gradients accumulate
+  unsharded in fp32 (pipelining/stage.py backward_maybe_with_nosync: set_requires_gradient_sync(False) and
+  set_reshard_after_backward(False) until the last micro-batch; _fsdp_param.py to_accumulated_grad_if_needed).
+  DDP under autocast holds bf16 copies of the weights its matmuls saved for backward.
 - Activations: the tensors autograd saves per block, counted from this model's forward (model.py), the method of
   Korthikanti et al. 2022 (arXiv 2205.05198 §4): norm inputs x and h (residual dtype), the normalised inputs of
   the q/k/v and w1/w3 projections, q, k, v and the attention output (SDPA's flash/efficient kernels save no

@@ -8,14 +8,19 @@ Loss and gradients. ``forward_backward`` runs the step's micro-batches and retur
 global mean loss: the summed cross-entropy of its tokens divided by the global token count (layout.py), on the
 ranks that report it (last pipeline stage, first tensor-parallel rank) and zero elsewhere, so one all-reduce over
 the world gives the mean. Backward runs on that sum times dp: DDP and FSDP average gradients over the dp ranks, so
-each rank's gradient enters with weight exactly its share of the global batch. Gradients are reduced once per step:
-DDP under no_sync and FSDP without gradient sync until the last micro-batch; pipelining reduces after its schedule.
+each rank's gradient enters with weight exactly its share of the global batch. DDP reduces once per step (no_sync
+until the last micro-batch: its buckets are the accumulator, no extra memory). FSDP reduce-scatters every
+micro-batch into the sharded gradient, as torchtitan's accumulation loop does (train.py train_step): with gradient
+sync off FSDP2 would keep each parameter's whole gradient, in fp32, from the first micro-batch to the last
+(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py@v2.13.0 post_backward), 4 bytes per TP-local parameter
+more than the planner counts, the memory FSDP is there to save. Pipelining reduces after its schedule (stage.py
+turns sync off until the last micro-batch itself; the planner counts that accumulator).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn import functional
@@ -169,16 +173,9 @@ class ParallelModel:
             return contextlib.nullcontext()
         return torch.autocast(self.rt.device.type, dtype=self.autocast)
 
-    @contextlib.contextmanager
-    def _gradient_sync(self, enabled: bool) -> Iterator[None]:
-        if self._ddp is not None and not enabled:
-            with self._ddp.no_sync():
-                yield
-            return
-        for part in self.parts:
-            if isinstance(part, FSDPModule):
-                part.set_requires_gradient_sync(enabled)
-        yield
+    def _gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP's no_sync between micro-batches; FSDP keeps its sync on (see the module docstring)."""
+        return self._ddp.no_sync() if self._ddp is not None and not enabled else contextlib.nullcontext()
 
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Run the step's micro-batches; this rank's share of the step's mean loss (0 where not reported)."""
@@ -271,11 +268,13 @@ class ParallelModel:
 
     def gradient_bytes(self) -> int:
         """fp32 gradient bytes this rank hands to the data-parallel reduction per step (FSDP reduce-scatters the
-        unsharded gradient of its TP-local parameters)."""
+        unsharded gradient of its TP-local parameters, every micro-batch unless pipelining)."""
         if self.layout.dp == 1:
             return 0
         local = sum(_local(p).numel() for p in self.params)
-        return 4 * local * (self.layout.dp_shard if self.layout.fsdp else 1)
+        if not self.layout.fsdp:
+            return 4 * local
+        return 4 * local * self.layout.dp_shard * (self.plan.count if self._schedule is None else 1)
 
     @property
     def ddp(self) -> DistributedDataParallel | None:
