@@ -29,6 +29,7 @@ STACKS: list[Stack] = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS),
                          if settings_of(read_stack(s)).addons.argo_workflows.enabled)]
 RELEASE = "argo-workflows"
 IMAGE_TAGS = {"workflow-controller", "argocli", "argoexec"}
+_WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
 
 @cache
@@ -160,3 +161,43 @@ def test_workflow_pods_and_only_they_reach_the_api_server(stack: Stack) -> None:
             assert spec["podSelector"]["matchExpressions"][0]["key"] == "workflows.argoproj.io/workflow"
             assert spec["policyTypes"] == ["Egress"]
             assert {p["port"] for rule in spec["egress"] for p in rule["ports"]} == {443, 6443}
+
+
+def _server_rules(release: RenderedRelease) -> tuple[dict[tuple[str, str], set[str]], dict[tuple[str, str], set[str]]]:
+    """What the server's own account may do: (cluster-wide rules, rules in its namespace), as
+    {(apiGroup, resource[/name]): verbs}, from every binding of the release that names that account."""
+    (server,) = [d for d in release.of_kind("Deployment") if "controller" not in d["metadata"]["name"]]
+    account = (server["spec"]["template"]["spec"]["serviceAccountName"], server["metadata"]["namespace"])
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in release.of_kind("ClusterRole", "Role")}
+    scopes: tuple[dict[tuple[str, str], set[str]], dict[tuple[str, str], set[str]]] = ({}, {})
+    for binding in release.of_kind("ClusterRoleBinding", "RoleBinding"):
+        if not any((s.get("name"), s.get("namespace")) == account for s in binding["subjects"]):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        scope = scopes[0] if binding["kind"] == "ClusterRoleBinding" else scopes[1]
+        for rule in roles[(ref["kind"], namespace, ref["name"])]["rules"]:
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    for name in rule.get("resourceNames") or [""]:
+                        key = (group, f"{resource}/{name}" if name else resource)
+                        scope.setdefault(key, set()).update(rule["verbs"])
+    return scopes
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_server_account_reads_only_what_client_auth_leaves_to_it(stack: Stack) -> None:
+    release = _release(stack)
+    cluster_wide, own_namespace = _server_rules(release)
+    # Its caches of every namespace's Workflows and WorkflowTemplates (argo-workflows v4.0.10 NewWorkflowServer's
+    # reflector, server/workflowtemplate/informer.go): read, never write.
+    assert cluster_wide == {("argoproj.io", "workflows"): {"list", "watch"},
+                            ("argoproj.io", "workflowtemplates"): {"list", "watch"}}
+    # Its own config map (config/controller.go Get), by name, and nothing else of its namespace.
+    (server,) = [d for d in release.of_kind("Deployment") if "controller" not in d["metadata"]["name"]]
+    (config_arg,) = [a for a in server["spec"]["template"]["spec"]["containers"][0]["args"]
+                     if a.startswith("--configmap=")]
+    assert own_namespace == {("", f"configmaps/{config_arg.removeprefix('--configmap=')}"): {"get"}}
+    assert not [k for k in (*cluster_wide, *own_namespace) if k[1].startswith(("secrets", "pods"))]
+    assert not [v for v in (*cluster_wide.values(), *own_namespace.values()) if v & _WRITES]
