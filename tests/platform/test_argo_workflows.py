@@ -99,9 +99,11 @@ def test_controller_and_server_run_pinned_images_on_system_nodes(stack: Stack) -
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_only_the_platforms_templates_run_as_the_tenants_workflow_account(stack: Stack) -> None:
+def test_workflows_run_their_templates_spec_as_the_tenants_workflow_account(stack: Stack) -> None:
     config = _controller_config(stack)
-    assert config["workflowRestrictions"] == {"templateReferencing": "Strict"}
+    # Secure, not Strict: Strict runs a status.storedWorkflowTemplateSpec the Workflow's creator wrote itself
+    # (argo-workflows v4.0.10 workflow/controller/operator.go setStoredWfSpec).
+    assert config["workflowRestrictions"] == {"templateReferencing": "Secure"}
     assert config["workflowDefaults"]["spec"]["serviceAccountName"] == names.WORKFLOW_SERVICE_ACCOUNT
 
 
