@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
-from trainyard.plan import helm, rendering
+from trainyard.plan import helm, render_cache, rendering
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.images import images, is_pinned, unpinned
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rendering import GENERATED, RenderError, render_releases
 from trainyard.plan.runtime import available_stacks, plan_stack, read_stack
-from trainyard.plan.writers import plan_files
+from trainyard.plan.writers import plan_files, rendered_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,9 +67,10 @@ def _demo_chart(upstream: Path) -> Path:
     return tree
 
 
-def _render(tmp_path: Path, values: dict[str, Any], *extra: ResourceRecord) -> rendering.RenderedStack:
+def _render(tmp_path: Path, values: dict[str, Any], *extra: ResourceRecord, cache: str = "cache",
+            plans: Path | None = None) -> rendering.RenderedStack:
     recording = Recording(resources=[_release("demo", "demo", "1.0.0", values), *extra])
-    return render_releases(recording, "1.34", upstream=tmp_path / "up", cache_dir=tmp_path / "cache")
+    return render_releases(recording, "1.34", upstream=tmp_path / "up", cache_dir=tmp_path / cache, plans=plans)
 
 
 @pytest.fixture()
@@ -140,6 +141,80 @@ def test_the_cache_serves_an_unchanged_release_and_misses_a_changed_one(tmp_path
     assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 4
 
 
+def _monitoring_chart(upstream: Path) -> ResourceRecord:
+    """A chart that installs the ServiceMonitor CRD and a ServiceMonitor once the cluster serves it: rendered
+    first without its own CRD's API, then again with it."""
+    tree = upstream / "chart-src" / "monitoring" / "1.0.0"
+    (tree / "templates").mkdir(parents=True)
+    (tree / "Chart.yaml").write_text("apiVersion: v2\nname: monitoring\nversion: 1.0.0\n")
+    (tree / "templates" / "crd.yaml").write_text(textwrap.dedent("""\
+        apiVersion: apiextensions.k8s.io/v1
+        kind: CustomResourceDefinition
+        metadata: {name: servicemonitors.monitoring.coreos.com}
+        spec:
+          group: monitoring.coreos.com
+          names: {kind: ServiceMonitor, plural: servicemonitors}
+          scope: Namespaced
+          versions:
+          - name: v1
+            served: true
+            storage: true
+            schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object}}}}
+        {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}
+        ---
+        apiVersion: monitoring.coreos.com/v1
+        kind: ServiceMonitor
+        metadata: {name: self}
+        spec: {endpoints: []}
+        {{- end }}
+        """))
+    return _release("monitoring", "monitoring", "1.0.0", {})
+
+
+def _commit(rendered: rendering.RenderedStack, plans: Path) -> None:
+    for release in rendered.releases.values():
+        for rel, text in rendered_files(release).items():
+            (plans / "s" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (plans / "s" / rel).write_text(text)
+
+
+def test_a_committed_plan_serves_its_renders_without_helm(tmp_path: Path, demo: Path) -> None:
+    monitoring = _monitoring_chart(tmp_path / "up")
+    real = _render(tmp_path, {"name": "web"}, monitoring)
+    assert real.renders == 4  # demo twice (generated material), monitoring before and after its own CRD is known
+    assert len(real.releases["monitoring"].history) == 2
+    plans = tmp_path / "plans"
+    _commit(real, plans)
+    clean = _render(tmp_path, {"name": "web"}, monitoring, cache="clean-clone", plans=plans)
+    assert clean.renders == 0
+    assert clean.releases == real.releases  # objects (the CRD with its schema), keys and every render's CRDs
+    assert clean.api_versions == real.api_versions
+    assert _render(tmp_path, {"name": "web"}, monitoring, cache="clean-clone", plans=plans).renders == 0
+    assert _render(tmp_path, {"name": "api"}, monitoring, cache="other", plans=plans).renders == 2  # new values
+
+
+def test_a_hand_edited_committed_plan_is_rendered_again(tmp_path: Path, demo: Path) -> None:
+    real = _render(tmp_path, {"name": "web"})
+    plans = tmp_path / "plans"
+    _commit(real, plans)
+    deployment = plans / "s" / "rendered" / "demo" / "deployment.web.yaml"
+    deployment.write_text(deployment.read_text().replace("replicas: 1", "replicas: 9"))
+    edited = _render(tmp_path, {"name": "web"}, cache="clean-clone", plans=plans)
+    assert edited.renders == 2
+    assert edited.releases == real.releases
+
+
+def test_a_chart_tree_edit_misses_every_cache(tmp_path: Path, demo: Path) -> None:
+    real = _render(tmp_path, {"name": "web"})
+    _commit(real, tmp_path / "plans")
+    (demo / "values.yaml").write_text("replicas: 4\nimage: registry.example/demo:1.0.0\n")
+    os.utime(demo / "values.yaml", ns=(0, 0))  # the content decides, not the file's times
+    rendering._tree_facts.cache_clear()
+    edited = _render(tmp_path, {"name": "web"}, plans=tmp_path / "plans")
+    assert edited.renders == 2
+    assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 4
+
+
 def test_the_cache_drops_the_least_recently_used_renders_beyond_its_size(tmp_path: Path, demo: Path) -> None:
     _render(tmp_path, {"name": "web"})
     cache = tmp_path / "cache"
@@ -155,7 +230,7 @@ def test_the_cache_drops_the_least_recently_used_renders_beyond_its_size(tmp_pat
     fresh.write_text("")
     os.utime(current, (time.time() - 1000, time.time() - 1000))
     assert _render(tmp_path, {"name": "web"}).renders == 0  # a hit: now the most recently used
-    rendering.prune_cache(cache, limit=2 * size)
+    render_cache.prune_cache(cache, limit=2 * size)
     assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, old[0].name, fresh.name])
     assert _render(tmp_path, {"name": "api"}).renders == 2  # a miss writes, then prunes to CACHE_BYTES
     assert len(list(cache.glob("*.json"))) == 3
@@ -199,8 +274,12 @@ def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
 def test_rendered_files_are_one_per_object_and_crds_keep_only_schema_digests() -> None:
     planned = plan_stack(read_stack("prod"))
     files = plan_files(planned.recording, planned.rendered)
-    rendered = {path: text for path, text in files.items() if path.startswith("rendered/")}
+    rendered = {path: text for path, text in files.items() if path.startswith("rendered/") and path.endswith(".yaml")}
     assert len(rendered) == sum(len(r.objects) for r in planned.rendered.releases.values())
+    assert {path for path in files if path.startswith("rendered/") and not path.endswith(".yaml")} == {
+        f"rendered/{r.name}/{name}" for r in planned.rendered.releases.values()
+        for name in (render_cache.RECORD, *([render_cache.SCHEMAS] if any(r.of_kind("CustomResourceDefinition"))
+                                            else []))}
     crds = [yaml.safe_load(text) for path, text in rendered.items() if "/customresourcedefinition." in path]
     assert crds and all("openAPIV3Schema" not in str(crd) for crd in crds)
     assert all(v["schema"]["sha256"] for crd in crds for v in crd["spec"]["versions"] if "schema" in v)

@@ -3,7 +3,6 @@ the objects each release renders (rendered/<release>/), and the dependency graph
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from trainyard.config.yaml_input import InputError
 from trainyard.paths import REPO_ROOT
 from trainyard.plan import graph
 from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.render_cache import crd_summary, record_files
 from trainyard.plan.rendering import RenderedRelease, RenderedStack
 from trainyard.safe_paths import UnsafePathError, check_root, inside, relative_parts, remove_file, write_file
 
@@ -111,38 +111,26 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def rendered_files(release: RenderedRelease) -> dict[str, str]:
-    """`rendered/<release>/<kind>.<name>.yaml` per object (`<kind>.<namespace>.<name>` where names repeat)."""
+    """`rendered/<release>/<kind>.<name>.yaml` per object (`<kind>.<namespace>.<name>` where names repeat; a CRD
+    with its schemas' digests only), and the release's render record (trainyard.plan.render_cache)."""
+    folder = f"rendered/{_UNSAFE.sub('_', release.name)}/"
+
     def name(obj: Mapping[str, Any], with_namespace: bool) -> str:
         metadata = obj.get("metadata") or {}
         parts = [str(obj.get("kind", "Unknown")).lower(), *([str(metadata.get("namespace") or "_release")]
                                                            if with_namespace else []), str(metadata.get("name"))]
-        return f"rendered/{_UNSAFE.sub('_', release.name)}/" + ".".join(_UNSAFE.sub("_", p) for p in parts) + ".yaml"
+        return ".".join(_UNSAFE.sub("_", p) for p in parts) + ".yaml"
 
     short = [name(obj, False) for obj in release.objects]
-    files: dict[str, str] = {}
+    texts: dict[str, str] = {}
     for obj, path in zip(release.objects, short, strict=True):
         if short.count(path) > 1:
             path = name(obj, True)
-        if path in files:
-            raise InputError(f"release {release.name}: two rendered objects would both be written to {path}")
-        files[path] = _yaml(crd_summary(obj) if obj.get("kind") == "CustomResourceDefinition" else obj)
-    return files
-
-
-def crd_summary(crd: Mapping[str, Any]) -> dict[str, Any]:
-    """A CRD without its schemas, which are the chart's upstream text: each version's schema by its sha256, so
-    a chart bump that changes one still shows in the plan's diff."""
-    spec = dict(crd.get("spec") or {})
-    versions = []
-    for version in spec.get("versions") or ():
-        version = dict(version)
-        schema = version.pop("schema", None)
-        if schema is not None:
-            text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
-            version["schema"] = {"sha256": hashlib.sha256(text.encode()).hexdigest()}
-        versions.append(version)
-    spec["versions"] = versions
-    return {**crd, "spec": spec}
+        if path in texts:
+            raise InputError(f"release {release.name}: two rendered objects would both be written to {folder}{path}")
+        texts[path] = _yaml(crd_summary(obj) if obj.get("kind") == "CustomResourceDefinition" else obj)
+    record = record_files(release.key, release.history, release.objects, list(texts.items()))
+    return {folder + path: text for path, text in (texts | record).items()}
 
 
 def write_plan(recording: Recording, out: Path, rendered: RenderedStack | None = None) -> None:
