@@ -89,8 +89,8 @@ step_wait() {
     done
     state=${state:-unset}
   fi
-  # Karpenter gives a node EFA interfaces only when it launches it for pods that request EFA (the NodeClaim's
-  # requests); a node of an EFA pool launched for other pods rightly has none.
+  # EFA devices are required where the node's NodeClaim requested them (pods that need EFA); an EFA pool's node
+  # class lists its efa-only interfaces (platform/karpenter.py), a node of any other pool rightly has none.
   # (jq ships in the kubectl image: kubernetes/kubernetes#119592.)
   efa_requested=$(kubectl get nodeclaims.karpenter.sh -o json | jq -r --arg node "$NODE_NAME" \
     '[.items[] | select(.status.nodeName == $node) | .spec.resources.requests["vpc.amazonaws.com/efa"] // empty]

@@ -223,12 +223,25 @@ def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) 
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_no_ip_less_efa_interfaces_under_cilium_eni_ipam(stack: str) -> None:
-    # Issue 18 item 5, decided: efa-only interfaces carry no IP, and Cilium's ENI client fails an instance resync on
-    # an ENI without one (cilium pkg/aws/ec2/ec2.go parseENI "ENI has no IP address", returned by GetInstances).
+def test_efa_pools_give_pods_no_efa_interface_with_ips(stack: str) -> None:
+    # Review finding 1 (issue 18 item 5 reversed): Cilium's ENI IPAM lists only ENIs with an IPv4 address (cilium
+    # pkg/aws/ec2/ec2.go filter private-ip-address=*), so EFA goes on IP-less efa-only interfaces, one per network
+    # card of every type of the pool, beside card 0's primary ENI; pools without EFA keep Karpenter's default.
     cilium = next(r for r in render(read_stack(stack)).resources if r.type == RELEASE
                   and str(r.inputs["chart"]) == "cilium")
     assert cilium.inputs["values"]["ipam"]["mode"] == "eni"
-    for node_class in of_type(plan(stack), NODE_CLASS):
-        interfaces = node_class.inputs["spec"].get("networkInterfaces") or []
-        assert all(i.get("interfaceType") != "efa-only" for i in interfaces), node_class.name
+    settings = _settings(stack)
+    classes = _crs(stack, NODE_CLASS)
+    for pool in settings.pools("gpu"):
+        interfaces = classes[pool.name].inputs["spec"].get("networkInterfaces")
+        if not pool.efa:
+            assert interfaces is None, pool.name
+            continue
+        interfaces = interfaces or []
+        cards = min(INSTANCE_TYPES[t].efa_interfaces for t in pool.instance_types)
+        pairs = [(i["networkCardIndex"], i["deviceIndex"]) for i in interfaces]
+        assert len(pairs) == len(set(pairs)), pool.name  # Karpenter's CEL: no card/device pair twice
+        with_ips = [i for i in interfaces if i["interfaceType"] != "efa-only"]
+        assert with_ips == [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}], pool.name
+        efa_only = sorted(i["networkCardIndex"] for i in interfaces if i["interfaceType"] == "efa-only")
+        assert efa_only == list(range(cards)), pool.name  # one per card (CEL: at most one), so the pods' count

@@ -20,6 +20,7 @@ from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
 from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.names import POOL_LABEL
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.job_rules import job_demand
 from trainyard.plan.pods import lookup
@@ -319,6 +320,49 @@ def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> N
 
     old = edit(fresh(), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
     assert named(rehearsed(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
+
+
+def _efa_job_pools(recording: Recording) -> set[str]:
+    """Pools some Volcano job's pods select by name while requesting EFA devices."""
+    return {str(lookup(task, "template.spec.nodeSelector", {}).get(POOL_LABEL))
+            for r in recording.resources if r.type.endswith("volcano.sh/v1alpha1:Job")
+            for task in lookup(r.inputs, "spec.tasks", ()) or ()
+            for container in lookup(task, "template.spec.containers", ()) or ()
+            if "vpc.amazonaws.com/efa" in (lookup(container, "resources.requests", {}) or {})}
+
+
+def _class_names(findings: list[Finding], recording: Recording) -> set[str]:
+    return {str(lookup(recording.by_urn()[f.urn].inputs, "metadata.name")) for f in findings}
+
+
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws and any(p.efa for p in s.node_pools)))
+def test_review_finding_1_efa_pools_on_interfaces_with_ips_are_named(stack: Stack) -> None:
+    """The old node classes of EFA pools listed no networkInterfaces: Karpenter's default `efa` interfaces carry
+    IPs, which Cilium's ENI IPAM hands to pods (cilium/cilium 42600)."""
+    settings = settings_of(read_stack(*stack))
+    efa_pools = {p.name for p in settings.node_pools if p.efa} & _efa_job_pools(fresh(stack))
+    assert efa_pools, "no EFA pool with EFA jobs"
+
+    def default_interfaces(inputs: dict[str, Any]) -> None:
+        inputs["spec"].pop("networkInterfaces", None)
+
+    old = edit(fresh(stack), of_type(":EC2NodeClass"), default_interfaces)
+    found = named(rehearsed(old).findings, "efa-interfaces-ip-less", of_type(":EC2NodeClass"), old)
+    assert _class_names(found, old) == efa_pools
+    assert all("lists no networkInterfaces" in f.problem for f in found)
+
+    def card_1_with_ips(inputs: dict[str, Any]) -> None:
+        for interface in inputs["spec"].get("networkInterfaces") or ():
+            if interface["networkCardIndex"] == 1:
+                interface["interfaceType"] = "interface"
+
+    old = edit(fresh(stack), lambda r: r.type.endswith(":EC2NodeClass")
+               and lookup(r.inputs, "metadata.name") in efa_pools, card_1_with_ips)
+    found = named(rehearsed(old).findings, "efa-interfaces-ip-less", of_type(":EC2NodeClass"), old)
+    cards = {name for name in efa_pools if min(INSTANCE_TYPES[t].efa_interfaces
+                                               for t in settings.pool(name).instance_types) > 1}
+    assert _class_names(found, old) == cards
+    assert all("card 1/device 1" in f.problem for f in found)
 
 
 # -------------------------------------------------------------------------------------------- issue 19

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
+from trainyard.plan import efa_rules, job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import Moment
@@ -23,8 +23,10 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
 # Convergence of `pulumi up` (readiness, rendered_rules on what the charts render, job_rules on what each queue is
-# handed, kubelet_admission on what the nodes' kubelets admit) and the bounds on what it leaves running (lifecycle).
-RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES, *kubelet_admission.RULES)
+# handed, kubelet_admission on what the nodes' kubelets admit, efa_rules on which interfaces Cilium gives pods) and
+# the bounds on what it leaves running (lifecycle).
+RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES, *kubelet_admission.RULES,
+         *efa_rules.RULES)
 
 
 @dataclass(frozen=True, slots=True)

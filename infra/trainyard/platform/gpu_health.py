@@ -126,9 +126,9 @@ def expectations(pools: Sequence[PoolFacts], mig: MigCatalog | None = None) -> s
     for pool in pools:
         for name in pool.instance_types:
             it = INSTANCE_TYPES[name]
-            # Karpenter attaches one EFA interface per network card, only to nodes launched for EFA pods
-            # (platform/karpenter.py): the check requires them only when the node's NodeClaim requested EFA.
-            efa = it.efa_interfaces if pool.efa_interfaces else 0
+            # An EFA pool's node class gives every type the pool's efa_interfaces efa-only interfaces
+            # (platform/karpenter.py); the check requires them when the node's NodeClaim requested EFA.
+            efa = pool.efa_interfaces
             devices = ",".join(f"{p}={n}" for p, n in sorted(mig_devices(pool, name, mig).items())) or "-"
             rows.append(f"{pool.name} {name} {it.gpu_count} {it.gpu_memory_gib * 1024} {efa} "
                         f"{pool.mig_layout or '-'} {devices} {admission_check(pool, name, mig)}")

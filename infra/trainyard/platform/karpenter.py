@@ -9,9 +9,9 @@ instances behind them; only then is the release removed (that one is `deleted_wi
 
 GPU pools disrupt no node voluntarily while it runs pods (consolidation only when empty, no budget for drift or
 underutilization, no expiry), so training pods carry no `karpenter.sh/do-not-disrupt`: Karpenter's drain on an
-interruption skips pods that do, and they must get SIGTERM to checkpoint (workloads/pod.py). Pools on EFA
-instances get EFA interfaces only for pods that request `vpc.amazonaws.com/efa` (Karpenter then adds one EFA
-interface per network card), so EFA jobs request `PoolFacts.efa_interfaces` of it.
+interruption skips pods that do, and they must get SIGTERM to checkpoint (workloads/pod.py). An EFA pool's node
+class lists its interfaces: the primary ENI on card 0 and one IP-less `efa-only` interface per network card
+(`efa_network_interfaces`), so every node offers `PoolFacts.efa_interfaces` EFA devices, which EFA jobs request.
 """
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ CONSOLIDATE_AFTER = "10m"
 TERMINATION_GRACE = "4h"
 
 
+def efa_network_interfaces(cards: int) -> list[dict[str, Any]]:
+    """The primary ENI on card 0 and one `efa-only` interface at device index 1 of each of `cards` network cards.
+
+    Without this list Karpenter gives a node launched for EFA pods one `efa` interface *with IPs* per card
+    (aws/karpenter-provider-aws v1.14.1 pkg/providers/launchtemplate/launchtemplate.go generateNetworkInterfaces),
+    which Cilium's ENI IPAM lists and hands to pods: the layout cilium/cilium issue 42600 breaks past two EFA
+    devices. An `efa-only` interface has no IPv4 address, and Cilium lists ENIs with the EC2 filter
+    `private-ip-address=*` (cilium pkg/aws/ec2/ec2.go describeNetworkInterfaces), so it never sees one: its pods
+    stay on card 0's ENIs. Every EFA type here has one EFA per network card (p4d 4, p5/p5e 32, p5en 16, g5.48xlarge
+    1: karpenter-provider-aws v1.14.1 pkg/providers/instancetype/zz_generated.vpclimits.go), so a pool's
+    `efa_interfaces` (the least of its types) is the number of cards every type has."""
+    # CEL rules of v1.14.1 pkg/apis/v1/ec2nodeclass.go: an `interface` at card 0 / device 0, at most one efa-only
+    # per card; device index 1 beside the primary and on the other cards as AWS advises (EC2 User Guide,
+    # efa-acc-inst-types.html; Karpenter's own default, launchtemplate.go).
+    return [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+            *({"networkCardIndex": card, "deviceIndex": 1, "interfaceType": "efa-only"} for card in range(cards))]
+
+
 def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
     discovery = [{"tags": {"karpenter.sh/discovery": facts.discovery_tag}}]
     spec: dict[str, Any] = {
@@ -61,12 +79,12 @@ def node_class_spec(pool: PoolFacts, facts: KarpenterFacts) -> dict[str, Any]:
             "ebs": {"volumeSize": f"{pool.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True,
                     "deleteOnTermination": True},
         }],
-        # No networkInterfaces (efa-only cards): Cilium's ENI IPAM rejects an ENI without an IP and fails its whole
-        # instance sync (cilium pkg/aws/ec2/ec2.go parseENI, GetInstances); README, "GPU nodes: MIG and EFA".
         # IMDSv2 only and one hop, as on the managed groups: pods use Pod Identity, never node credentials.
         "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
                             "httpPutResponseHopLimit": 1, "httpTokens": "required"},
     }
+    if pool.efa_interfaces:
+        spec["networkInterfaces"] = efa_network_interfaces(pool.efa_interfaces)
     if pool.placement_group is not None:
         spec["placementGroupSelector"] = {"name": pool.placement_group}
     if pool.capacity_reservations:
