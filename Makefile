@@ -17,12 +17,18 @@ SYSTEM_TOOLS := promtool mdadm mkfs.xfs mkfs.ext4 wipefs losetup unshare nsenter
 # The guest's kernel: Debian's generic one has the 9p, virtio and md modules; Ubuntu ships its modules compressed
 # with zstd.
 GUEST_KERNEL := $(shell . /etc/os-release 2>/dev/null; [ "$$ID" = ubuntu ] && echo linux-image-generic zstd || echo linux-image-amd64)
-APT_PACKAGES := prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck qemu-system-x86 busybox-static $(GUEST_KERNEL)
+APT_PACKAGES := python3-venv prometheus mdadm xfsprogs util-linux e2fsprogs shellcheck qemu-system-x86 busybox-static $(GUEST_KERNEL)
 APT_GET ?= apt-get
+# Debian and Ubuntu ship ensurepip, which `python -m venv` needs, apart from the interpreter: bookworm's
+# python3.11-venv (3.11.2-6+deb12u9) holds /usr/lib/python3.11/ensurepip/.
+HAS_VENV = $(PYTHON) -c 'import ensurepip, venv' 2> /dev/null
+VENV_CHECK = @$(HAS_VENV) || { echo "make: $(PYTHON) cannot create a virtual environment (no ensurepip): install \
+python3-venv (Debian/Ubuntu: apt-get install python3-venv, or make deps as root)"; exit 2; }
 # Two workers on the 2-core CI machine; `make test JOBS=auto` elsewhere.
 JOBS ?= 2
 
 $(VENV)/.installed: requirements.txt pyproject.toml workloads/pyproject.toml
+	$(VENV_CHECK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements.txt -e .
 	# The rehearsal runs the trainer's own config checks (trainyard_train.validate/planner: pure Python, no torch).
@@ -38,6 +44,7 @@ $(BIN)/helm: $(VENV)/.installed infra/trainyard/plan/helm.py tools/helm.py
 	$(BIN)/python tools/helm.py install
 
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	$(VENV_CHECK)
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
 	touch $@
@@ -56,9 +63,11 @@ deps:  ## the system tools the suite needs (Debian/Ubuntu, as root)
 upstream: $(VENV)/.installed  ## fetch (or copy from ../shared/upstream) and verify the data the conformance tests read
 	$(BIN)/python tools/upstream.py sync
 
-# Prints the missing system tools (and `guest-kernel` without a kernel that has the 9p module), nothing when complete.
+# Prints the missing system tools (`guest-kernel` without a kernel that has the 9p module, `python3-venv` when
+# $(PYTHON) cannot make a venv), nothing when complete.
 MISSING_TOOLS = for tool in $(SYSTEM_TOOLS); do command -v $$tool > /dev/null || printf ' %s' $$tool; done; \
-	ls /lib/modules/*/kernel/fs/9p/9p.ko* > /dev/null 2>&1 || printf ' guest-kernel'
+	ls /lib/modules/*/kernel/fs/9p/9p.ko* > /dev/null 2>&1 || printf ' guest-kernel'; \
+	$(HAS_VENV) || printf ' python3-venv'
 
 preflight:  ## install missing system tools (Debian/Ubuntu, as root), or stop saying why the suite cannot run
 	@if [ "$$(id -u)" != 0 ]; then echo "make test: the node bootstrap tests need root (loop devices, mount namespaces): run it as root"; exit 2; fi

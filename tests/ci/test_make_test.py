@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,10 +16,24 @@ case "$1" in install) {install} ;; esac
 """
 
 
-def _preflight(tmp_path: Path, apt_get: str) -> subprocess.CompletedProcess[str]:
+# An interpreter as Debian's is before python3.X-venv: no ensurepip, until the marker file exists.
+NO_ENSUREPIP = """#!/bin/sh
+case "$*" in *ensurepip*) [ -e {marker} ] || {{ echo "No module named 'ensurepip'" >&2; exit 1; }} ;; esac
+exec {python} "$@"
+"""
+
+
+def _preflight(tmp_path: Path, apt_get: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["make", "--no-print-directory", "preflight", f"SYSTEM_TOOLS={TOOL}", f"APT_GET={apt_get}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["make", "--no-print-directory", "preflight", f"SYSTEM_TOOLS={TOOL}", f"APT_GET={apt_get}",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def _debian_python(tmp_path: Path) -> tuple[Path, Path]:
+    python, marker = tmp_path / "python3", tmp_path / "venv-installed"
+    python.write_text(NO_ENSUREPIP.format(marker=marker, python=sys.executable))
+    python.chmod(0o755)
+    return python, marker
 
 
 def _fake_apt(tmp_path: Path, installs: bool) -> tuple[Path, Path]:
@@ -61,3 +76,23 @@ def test_without_apt_get_it_stops_naming_the_packages(tmp_path: Path) -> None:
 def test_ci_runs_the_readme_command() -> None:
     commands = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "make test" in commands and "make deps" not in commands
+
+
+def test_an_interpreter_without_ensurepip_gets_python3_venv(tmp_path: Path) -> None:
+    apt, log = _fake_apt(tmp_path, installs=True)
+    python, marker = _debian_python(tmp_path)
+    apt.write_text(apt.read_text().replace("install)", f"install) touch {marker};"))
+    result = _preflight(tmp_path, str(apt), f"PYTHON={python}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"installing missing system tools: {TOOL} python3-venv" in result.stdout
+    assert "python3-venv" in log.read_text().splitlines()[1].split()
+
+
+def test_make_plan_without_ensurepip_stops_before_making_a_venv(tmp_path: Path) -> None:
+    python, _ = _debian_python(tmp_path)
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "--no-print-directory", f"VENV={venv}", f"PYTHON={python}", f"{venv}/.installed"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"make: {python} cannot create a virtual environment (no ensurepip): install python3-venv" in result.stdout
+    assert not venv.exists()
