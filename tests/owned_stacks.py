@@ -3,6 +3,49 @@ users edit (a test of a sample stack derives what it expects from that stack's d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
+from typing import Any
+
+import pytest
+from trainyard.config import Settings
+from trainyard.plan.runtime import STACKS_DIR, StackFile, available_stacks, read_stack, settings_of
 
 OWNED_STACKS = Path(__file__).resolve().parent / "fixtures" / "stacks"
+
+# A stack as (name, folder): an owned stack or one of stacks/.
+Stack = tuple[str, Path]
+FLEET: Stack = ("fleet", OWNED_STACKS)
+LAPTOP: Stack = ("laptop", OWNED_STACKS)
+
+
+@cache
+def stack_file(stack: Stack) -> StackFile:
+    return read_stack(*stack)
+
+
+@cache
+def stack_settings(stack: Stack) -> Settings:
+    return settings_of(stack_file(stack))
+
+
+def sample_stacks() -> list[Stack]:
+    """Every stack in stacks/, as the user has them today."""
+    return [(name, STACKS_DIR) for name in available_stacks()]
+
+
+def stacks_where(has: Callable[[Settings], bool]) -> list[Any]:
+    """Test parameters: every owned stack, then every sample stack, whose settings `has` the feature under test.
+
+    At least one owned stack has it, so the test runs whatever users do to stacks/.
+    """
+    owned = [s for s in (FLEET, LAPTOP) if has(stack_settings(s))]
+    assert owned, "no stack in tests/fixtures/stacks has the feature under test: add it to one"
+    samples = [s for s in sample_stacks() if has(stack_settings(s))]
+    return [pytest.param(stack, id=stack[0]) for stack in [*owned, *samples]]
+
+
+def every_stack() -> list[Any]:
+    """Test parameters: the owned stacks, then every sample stack."""
+    return stacks_where(lambda _: True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from trainyard.catalogue.charts import load_catalogue
@@ -16,7 +17,7 @@ from trainyard.cloud import layer as cloud
 from trainyard.config import load_settings
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render, settings_of
 from trainyard.platform.karpenter import Karpenter, KarpenterArgs
 from trainyard.platform.kube import HelmChart
 
@@ -35,8 +36,9 @@ def cloud_and_karpenter() -> None:
 
 
 @cache
-def plan(stack: str) -> Recording:
-    return render(read_stack(stack), cloud_and_karpenter)
+def plan(stack: str, stacks_dir: Path = STACKS_DIR) -> Recording:
+    """The stack's cloud layer and Karpenter: a stack of stacks/ by name, or of another folder (tests/fixtures)."""
+    return render(read_stack(stack, stacks_dir), cloud_and_karpenter)
 
 
 def of_type(rec: Recording, type_: str) -> list[ResourceRecord]:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from aws_plan import of_type, one, plan
+from aws_plan import AWS_STACKS, of_type, one, plan
 from trainyard.cloud.network import plan_subnets
+from trainyard.config.model import AwsSettings, Settings
+from trainyard.plan.runtime import read_stack, settings_of
+
+
+def _settings(stack: str) -> tuple[Settings, AwsSettings]:
+    settings = settings_of(read_stack(stack))
+    assert settings.aws is not None
+    return settings, settings.aws
 
 
 def test_subnet_plan_is_disjoint_inside_the_vpc() -> None:
@@ -27,8 +35,11 @@ def test_subnet_plan_for_prod_shape() -> None:
     assert [s.public for s in subnets] == ["10.30.192.0/20", "10.30.208.0/20", "10.30.224.0/20"]
 
 
-@pytest.mark.parametrize(("stack", "zones", "nats"), [("dev", 2, 1), ("staging", 3, 1), ("prod", 3, 3)])
-def test_subnets_per_zone_and_nat_count(stack: str, zones: int, nats: int) -> None:
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_subnets_per_zone_and_nat_count(stack: str) -> None:
+    settings, aws = _settings(stack)
+    zones = len(aws.availability_zones)
+    nats = zones if settings.network.nat_gateways == "perAz" else 1
     rec = plan(stack)
     subnets = of_type(rec, "aws:ec2/subnet:Subnet")
     private = [s for s in subnets if "kubernetes.io/role/internal-elb" in s.inputs["tags"]]
@@ -48,10 +59,11 @@ def test_subnets_per_zone_and_nat_count(stack: str, zones: int, nats: int) -> No
     assert len({t.inputs["routes"][0]["natGatewayId"] for t in private_tables}) == nats
 
 
-@pytest.mark.parametrize("stack", ["staging", "prod"])
+@pytest.mark.parametrize("stack", AWS_STACKS)
 def test_s3_gateway_endpoint_on_private_routes(stack: str) -> None:
+    _, aws = _settings(stack)
     rec = plan(stack)
     endpoint = one(rec, "aws:ec2/vpcEndpoint:VpcEndpoint")
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
-    assert endpoint.inputs["serviceName"] == "com.amazonaws.us-west-2.s3"
-    assert len(endpoint.inputs["routeTableIds"]) == 3
+    assert endpoint.inputs["serviceName"] == f"com.amazonaws.{aws.region}.s3"
+    assert len(endpoint.inputs["routeTableIds"]) == len(aws.availability_zones)
