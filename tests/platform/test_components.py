@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import FLEET, LAPTOP, Stack, every_stack, stack_file, stack_settings, stacks_where
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
-from trainyard.config.model import TimeSlicing
+from trainyard.config.model import Settings, TimeSlicing
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
-from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import StackFile, render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
 from trainyard.platform.gpu_operator import device_plugin_configs
@@ -26,43 +27,56 @@ from trainyard.platform.registry import load_registry
 from trainyard.platform.tenants import DEFAULT_DENY_POLICY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STACKS = available_stacks()
 # Components that are not add-ons of platform/addons.yaml: building blocks the layer itself creates.
 NOT_ADDONS = {"trainyard:platform:Tenants", "trainyard:platform:EbsStorageClass"}
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(stack_file(stack))
 
 
 @cache
-def _enabled(stack: str) -> tuple[Addon, ...]:
+def _enabled(stack: Stack) -> tuple[Addon, ...]:
     """The add-ons the stack turns on, as the registry reads its switches."""
-    return load_registry(REPO_ROOT).enabled(settings_of(read_stack(stack)))
+    return load_registry(REPO_ROOT).enabled(stack_settings(stack))
 
 
 @cache
-def _config(stack: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO_ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+def _config(stack: Stack) -> dict[str, Any]:
+    name, folder = stack
+    return yaml.safe_load((folder / f"Pulumi.{name}.yaml").read_text())["config"]
 
 
-def _releases(stack: str) -> dict[str, dict[str, Any]]:
+def _region(settings: Settings) -> str:
+    assert settings.aws is not None
+    return settings.aws.region
+
+
+def _cilium_on_aws(settings: Settings) -> bool:
+    return settings.is_aws and settings.addons.cilium.enabled
+
+
+def _ceph_on_aws(settings: Settings) -> bool:
+    return settings.is_aws and settings.addons.rook_ceph.enabled
+
+
+def _releases(stack: Stack) -> dict[str, dict[str, Any]]:
     return {release_of(r)["chart"].rsplit("/", 1)[-1]: release_of(r)
             for r in _recording(stack).resources if r.type == HELM_RELEASE}
 
 
-def _objects(stack: str, kind: str) -> list[dict[str, Any]]:
+def _objects(stack: Stack, kind: str) -> list[dict[str, Any]]:
     return [manifest_of(r) for r in _recording(stack).resources
             if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind]
 
 
-def _one(stack: str, kind: str, name: str) -> dict[str, Any]:
+def _one(stack: Stack, kind: str, name: str) -> dict[str, Any]:
     (obj,) = [o for o in _objects(stack, kind) if o["metadata"]["name"] == name]
     return obj
 
 
-def _tenants(stack: str) -> list[dict[str, Any]]:
+def _tenants(stack: Stack) -> list[dict[str, Any]]:
     return list(_config(stack)["trainyard:tenants"])
 
 
@@ -79,33 +93,34 @@ def _walk(value: Any) -> Iterator[Any]:
 # ------------------------------------------------------------------------------------------ release sets
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_each_stack_installs_the_charts_of_the_addons_it_turns_on(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_each_stack_installs_the_charts_of_the_addons_it_turns_on(stack: Stack) -> None:
     enabled = _enabled(stack)
     required = {chart for addon in enabled for chart in addon.charts if chart not in addon.optional_charts}
     allowed = {chart for addon in enabled for chart in addon.charts}
     assert required <= set(_releases(stack)) <= allowed
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_efa_plugin_only_with_efa_pools(stack: str) -> None:
-    efa = any(pool.efa for pool in settings_of(read_stack(stack)).pools("gpu"))
+@pytest.mark.parametrize("stack", every_stack())
+def test_efa_plugin_only_with_efa_pools(stack: Stack) -> None:
+    efa = any(pool.efa for pool in stack_settings(stack).pools("gpu"))
     assert ("aws-efa-k8s-device-plugin" in _releases(stack)) == efa
 
 
 def test_local_renders_kubernetes_network_policies() -> None:
-    assert _objects("local", "CiliumNetworkPolicy") == []
+    assert _objects(LAPTOP, "CiliumNetworkPolicy") == []
     # Registration order is the asyncio scheduler's; compare as sorted lists.
-    assert sorted(o["metadata"]["namespace"] for o in _objects("local", "NetworkPolicy")
+    assert sorted(o["metadata"]["namespace"] for o in _objects(LAPTOP, "NetworkPolicy")
                   if o["metadata"]["name"] == DEFAULT_DENY_POLICY) == ["research"]
-    tracking = ["mlflow"] if settings_of(read_stack("local")).addons.mlflow.enabled else []
-    assert sorted(o["metadata"]["name"] for o in _objects("local", "Namespace")) == sorted(
+    tracking = ["mlflow"] if stack_settings(LAPTOP).addons.mlflow.enabled else []
+    assert sorted(o["metadata"]["name"] for o in _objects(LAPTOP, "Namespace")) == sorted(
         ["monitoring", "research", *tracking])
 
 
-def test_releases_use_catalogue_pins() -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_releases_use_catalogue_pins(stack: Stack) -> None:
     catalogue = load_catalogue(REPO_ROOT)
-    for chart, release in _releases("prod").items():
+    for chart, release in _releases(stack).items():
         pin = catalogue.chart(chart)
         assert (release["version"], release["namespace"]) == (pin.version, pin.namespace)
 
@@ -113,28 +128,29 @@ def test_releases_use_catalogue_pins() -> None:
 # --------------------------------------------------------------------------------------------- Cilium
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev"])
-def test_cilium_reaches_the_api_server_of_its_cluster(stack: str) -> None:
+@pytest.mark.parametrize("stack", stacks_where(_cilium_on_aws))
+def test_cilium_reaches_the_api_server_of_its_cluster(stack: Stack) -> None:
     values = _releases(stack)["cilium"]["values"]
     ref = values["k8sServiceHostRef"]
     config_map = _one(stack, "ConfigMap", ref["name"])
     host = config_map["data"][ref["key"]]
     assert config_map["metadata"]["namespace"] == "kube-system"
     # The mock EKS endpoint is https://<CLUSTER>.gr7.<region>.eks.amazonaws.com: the host, without scheme.
-    assert host.endswith(".us-west-2.eks.amazonaws.com") and "://" not in host
+    assert host.endswith(f".{_region(stack_settings(stack))}.eks.amazonaws.com") and "://" not in host
     assert values["k8sServicePort"] == 443
     assert "k8sServiceHost" not in values
-    assert values["ipv4NativeRoutingCIDR"] == _config(stack)["trainyard:network"]["vpcCidr"]
+    assert values["ipv4NativeRoutingCIDR"] == stack_settings(stack).network.vpc_cidr
     # No ServiceMonitor CRD exists when Cilium installs: the chart must not ship any.
     assert values["prometheus"]["serviceMonitor"]["enabled"] is False
     assert values["hubble"]["metrics"]["serviceMonitor"]["enabled"] is False
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging"])
-def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
+@pytest.mark.parametrize("stack", stacks_where(_cilium_on_aws))
+def test_every_tenant_namespace_is_default_deny(stack: Stack) -> None:
     policies = {p["metadata"]["namespace"]: p["spec"] for p in _objects(stack, "CiliumNetworkPolicy")
                 if p["metadata"]["name"] == DEFAULT_DENY_POLICY}
-    checks = {FABRIC_CHECK_NAMESPACE} if settings_of(read_stack(stack)).fabric_checked_pools else set()
+    region = _region(stack_settings(stack))
+    checks = {FABRIC_CHECK_NAMESPACE} if stack_settings(stack).fabric_checked_pools else set()
     assert set(policies) == {t.get("namespace", t["name"]) for t in _tenants(stack)} | checks
     for namespace, spec in policies.items():
         assert spec["endpointSelector"] == {}
@@ -143,8 +159,8 @@ def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
         dns = [rule for rule in spec["egress"] if "kube-dns" in json.dumps(rule.get("toEndpoints"))]
         assert len(dns) == 1 and {p["port"] for p in dns[0]["toPorts"][0]["ports"]} == {"53"}
         s3 = [rule for rule in spec["egress"] if "toFQDNs" in rule]
-        assert s3 == [{"toFQDNs": [{"matchName": "s3.us-west-2.amazonaws.com"},
-                                   {"matchPattern": "*.s3.us-west-2.amazonaws.com"}],
+        assert s3 == [{"toFQDNs": [{"matchName": f"s3.{region}.amazonaws.com"},
+                                   {"matchPattern": f"*.s3.{region}.amazonaws.com"}],
                        "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}]
         # Nothing may reach everything: no world/all entities, no open CIDRs.
         assert "world" not in json.dumps(spec) and "0.0.0.0/0" not in json.dumps(spec)
@@ -157,10 +173,10 @@ def test_every_tenant_namespace_is_default_deny(stack: str) -> None:
 # ---------------------------------------------------------------------------------------------- Tenants
 
 
-def _mig_per_gpu(stack: str) -> dict[str, int]:
+def _mig_per_gpu(stack: Stack) -> dict[str, int]:
     """MIG profile -> most slices one GPU carries in the stack's MIG pools (from the layouts file)."""
     catalog, slices = load_mig_catalog(), {}
-    for pool in settings_of(read_stack(stack)).pools("gpu"):
+    for pool in stack_settings(stack).pools("gpu"):
         if pool.mig_layout:
             gpu = INSTANCE_TYPES[pool.instance_types[0]].gpu
             assert gpu is not None
@@ -177,8 +193,8 @@ def _limits(resources: dict[str, Any], mig: dict[str, int]) -> dict[str, str]:
     return {k: str(v) for k, v in wanted.items() if v}
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev", "local"])
-def test_queues_carry_weights_and_capability_from_config(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_queues_carry_weights_and_capability_from_config(stack: Stack) -> None:
     queues = {q["metadata"]["name"]: q["spec"] for q in [*_objects(stack, "Queue"), *_objects(stack, "QueuePatch")]}
     queues.pop(FABRIC_CHECK_QUEUE, None)  # not a tenant's: tests/platform/test_tenancy.py
     mig = _mig_per_gpu(stack)
@@ -190,16 +206,18 @@ def test_queues_carry_weights_and_capability_from_config(stack: str) -> None:
     assert queues == expected
 
 
-def test_default_tenant_patches_volcanos_default_queue() -> None:
-    (patch,) = _objects("prod", "QueuePatch")
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.default_tenant is not None))
+def test_default_tenant_patches_volcanos_default_queue(stack: Stack) -> None:
+    (patch,) = _objects(stack, "QueuePatch")
     assert patch["metadata"]["name"] == "default"
     assert patch["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
-    tenants = {t["name"] for t in _tenants("prod") if not t.get("default")}
-    assert {q["metadata"]["name"] for q in _objects("prod", "Queue")} == tenants | {FABRIC_CHECK_QUEUE}
+    tenants = {t["name"] for t in _tenants(stack) if not t.get("default")}
+    checks = {FABRIC_CHECK_QUEUE} if stack_settings(stack).fabric_checked_pools else set()
+    assert {q["metadata"]["name"] for q in _objects(stack, "Queue")} == tenants | checks
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging"])
-def test_quotas_and_trainer_accounts_per_tenant(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_quotas_and_trainer_accounts_per_tenant(stack: Stack) -> None:
     quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")}
     mig = _mig_per_gpu(stack)
     for tenant in _tenants(stack):
@@ -217,8 +235,9 @@ def test_quotas_and_trainer_accounts_per_tenant(stack: str) -> None:
 # ------------------------------------------------------------------------------------------ GPU Operator
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging"])
-def test_gpu_operator_config_maps_hold_the_catalogue_files(stack: str) -> None:
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.addons.gpu_operator.enabled
+                                               and not s.addons.gpu_operator.time_slicing.enabled))
+def test_gpu_operator_config_maps_hold_the_catalogue_files(stack: Stack) -> None:
     values = _releases(stack)["gpu-operator"]["values"]
     mig = _one(stack, "ConfigMap", values["migManager"]["config"]["name"])
     assert mig["data"] == {"config.yaml": (PLATFORM_DIR / "gpu-operator" / "mig-layouts.yaml").read_text()}
@@ -230,7 +249,8 @@ def test_gpu_operator_config_maps_hold_the_catalogue_files(stack: str) -> None:
     gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert gpu_taint in values["daemonsets"]["tolerations"]
     plugin = _one(stack, "ConfigMap", values["devicePlugin"]["config"]["name"])
-    # Time slicing is off in every stack: only the default plugin config, and the chart renders none itself.
+    # Time slicing is off: only the default plugin config, and the chart renders none itself (test_gpu_sharing.py
+    # turns it on).
     assert set(plugin["data"]) == {"default"} and "data" not in values["devicePlugin"]["config"]
 
 
@@ -245,13 +265,36 @@ def test_time_slicing_config_follows_settings() -> None:
 # --------------------------------------------------------------------------------------------- Rook-Ceph
 
 
-@pytest.mark.parametrize(("stack", "mons", "mgrs"), [("prod", 3, 2), ("staging", 3, 2), ("dev", 1, 2)])
-def test_ceph_cluster_values_per_stack(stack: str, mons: int, mgrs: int) -> None:
-    rook = settings_of(read_stack(stack)).addons.rook_ceph
+def _with_system_nodes(stack: Stack, nodes: int, folder: Path) -> Stack:
+    """The stack written into `folder` with its system pool at `nodes` nodes."""
+    config = _config(stack)
+    pools = [dict(p, minSize=nodes, desiredSize=nodes) if p["role"] == "system" else p
+             for p in config["trainyard:nodePools"]]
+    (folder / f"Pulumi.{stack[0]}.yaml").write_text(yaml.safe_dump({"config": {**config,
+                                                                                "trainyard:nodePools": pools}}))
+    return stack[0], folder
+
+
+def _ceph_daemons(stack: Stack) -> tuple[int, int]:
+    """Mons need three nodes for a quorum that survives one loss, else one; mgrs run active/standby on two nodes."""
+    system = sum(pool.min_size for pool in stack_settings(stack).pools("system"))
+    return (3 if system >= 3 else 1), (2 if system >= 2 else 1)
+
+
+def test_ceph_daemon_counts_follow_the_system_nodes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert _ceph_daemons(FLEET) == (3, 2)
+    two = _with_system_nodes(FLEET, 2, tmp_path_factory.mktemp("system"))
+    spec = _releases(two)["rook-ceph-cluster"]["values"]["cephClusterSpec"]
+    assert (spec["mon"]["count"], spec["mgr"]["count"]) == (1, 2)
+
+
+@pytest.mark.parametrize("stack", stacks_where(_ceph_on_aws))
+def test_ceph_cluster_values_per_stack(stack: Stack) -> None:
+    rook = stack_settings(stack).addons.rook_ceph
     replicas, domain = rook.replicas, rook.failure_domain
     values = _releases(stack)["rook-ceph-cluster"]["values"]
     spec = values["cephClusterSpec"]
-    assert (spec["mon"]["count"], spec["mgr"]["count"]) == (mons, mgrs)
+    assert (spec["mon"]["count"], spec["mgr"]["count"]) == _ceph_daemons(stack)
     assert spec["cleanupPolicy"]["confirmation"] == ""
     placement = spec["placement"]
     role = {daemon: placement[daemon]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -268,21 +311,22 @@ def test_ceph_cluster_values_per_stack(stack: str, mons: int, mgrs: int) -> None
     assert values["monitoring"]["enabled"] is True
 
 
-def test_ceph_data_is_protected() -> None:
-    protected = {r.name for r in _recording("prod").resources if r.type == HELM_RELEASE and r.protect}
+@pytest.mark.parametrize("stack", stacks_where(lambda s: _ceph_on_aws(s) and s.protect))
+def test_ceph_data_is_protected(stack: Stack) -> None:
+    protected = {r.name for r in _recording(stack).resources if r.type == HELM_RELEASE and r.protect}
     assert protected == {"rook-ceph-storage-release"}
 
 
 # ------------------------------------------------------------------------------------------ Fluid/Alluxio
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev"])
-def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
-    alluxio = _config(stack)["trainyard:addons"]["alluxio"]
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws and s.addons.alluxio.enabled))
+def test_alluxio_tiers_paths_and_tenant_sharing(stack: Stack) -> None:
+    alluxio = stack_settings(stack).addons.alluxio
     (runtime,) = _objects(stack, "AlluxioRuntime")
     levels = runtime["spec"]["tieredstore"]["levels"]
     assert [(lv["mediumtype"], lv["path"], lv["quota"]) for lv in levels] == [
-        ("MEM", "/dev/shm", alluxio["memoryCache"])]
+        ("MEM", "/dev/shm", alluxio.memory_cache)]
     # On the storage pool, never on GPU nodes (issue 9 item 9).
     assert runtime["spec"]["worker"]["nodeSelector"] == {"trainyard.io/role": "storage"}
     datasets = {d["metadata"]["namespace"]: d["spec"] for d in _objects(stack, "Dataset")}
@@ -299,22 +343,24 @@ def test_alluxio_tiers_paths_and_tenant_sharing(stack: str) -> None:
     # The runtime's pods run as the dataset namespace's default account: the one annotated with the IRSA role.
     (account,) = [a for a in _objects(stack, "ServiceAccountPatch") if a["metadata"]["namespace"] == "trainyard-data"]
     assert account["metadata"]["name"] == "default"
-    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f"role/trainyard-{stack}-alluxio")
+    role = account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+    assert role.endswith(f"role/trainyard-{stack[0]}-alluxio")
     assert {runtime["spec"][part]["networkMode"] for part in ("master", "worker", "fuse")} == {"ContainerNetwork"}
 
 
 # -------------------------------------------------------------------------------------------- Monitoring
 
 
-@pytest.mark.parametrize("stack", ["prod", "local"])
-def test_prometheus_storage_and_retention(stack: str) -> None:
-    monitoring = _config(stack)["trainyard:addons"]["monitoring"]
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.addons.monitoring.enabled))
+def test_prometheus_storage_and_retention(stack: Stack) -> None:
+    settings = stack_settings(stack)
+    monitoring = settings.addons.monitoring
     spec = _releases(stack)["kube-prometheus-stack"]["values"]["prometheus"]["prometheusSpec"]
-    assert spec["retention"] == monitoring["retention"]
+    assert spec["retention"] == monitoring.retention
     claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
-    assert claim["resources"]["requests"]["storage"] == monitoring["storageSize"]
+    assert claim["resources"]["requests"]["storage"] == monitoring.storage_size
     # EBS gp3 on AWS (never Ceph: Prometheus must not wait for it or go down with it); the default on local.
-    assert claim.get("storageClassName") == ("ebs-gp3" if stack == "prod" else None)
+    assert claim.get("storageClassName") == ("ebs-gp3" if settings.is_aws else None)
 
 
 def test_retention_size_leaves_headroom() -> None:
@@ -324,15 +370,15 @@ def test_retention_size_leaves_headroom() -> None:
         retention_size("lots")
 
 
-def _with_grafana_password(stack: str, password: str) -> StackFile:
-    base = read_stack(stack)
+def _with_grafana_password(stack: Stack, password: str) -> StackFile:
+    base = stack_file(stack)
     key = "trainyard:grafanaAdminPassword"
-    return StackFile(stack=stack, values={**base.values, key: password}, secret_keys=(*base.secret_keys, key))
+    return StackFile(stack=base.stack, values={**base.values, key: password}, secret_keys=(*base.secret_keys, key))
 
 
 @pytest.mark.parametrize("password", [None, "correct-horse-battery-staple"])
 def test_grafana_password_never_in_clear(password: str | None) -> None:
-    recording = _recording("local") if password is None else render(_with_grafana_password("local", password))
+    recording = _recording(LAPTOP) if password is None else render(_with_grafana_password(LAPTOP, password))
     values = {release_of(r)["chart"]: release_of(r)["values"] for r in recording.resources if r.type == HELM_RELEASE}
     admin = values["kube-prometheus-stack"]["grafana"]["admin"]
     (grafana_namespace,) = [release_of(r)["namespace"] for r in recording.resources if r.type == HELM_RELEASE
@@ -351,35 +397,36 @@ def test_grafana_password_never_in_clear(password: str | None) -> None:
         assert generated == ["random:index/randomPassword:RandomPassword"]
 
 
-def test_rules_and_dashboards_become_objects() -> None:
-    rules = {r["metadata"]["name"]: r["spec"] for r in _objects("prod", "PrometheusRule")}
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.addons.monitoring.enabled))
+def test_rules_and_dashboards_become_objects(stack: Stack) -> None:
+    rules = {r["metadata"]["name"]: r["spec"] for r in _objects(stack, "PrometheusRule")}
     for path in sorted((PLATFORM_DIR / "monitoring" / "rules").glob("*.rules.yaml")):
         name = f"trainyard-{path.name.removesuffix('.rules.yaml')}"
         assert rules[name] == {"groups": yaml.safe_load(path.read_text())["groups"]}
-    dashboards = [c for c in _objects("prod", "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    dashboards = [c for c in _objects(stack, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert len(dashboards) == len(list((PLATFORM_DIR / "monitoring" / "dashboards").glob("*.json")))
 
 
-def test_no_component_serves_custom_metrics_nothing_scales_on() -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_no_component_serves_custom_metrics_nothing_scales_on(stack: Stack) -> None:
     """README, "Autoscaling": no HPA or KEDA object exists, so no custom-metrics adapter is deployed."""
-    for stack in available_stacks():
-        assert not [r for r in _releases(stack).values() if "adapter" in str(r.get("chart"))], stack
-        scalers = {"HorizontalPodAutoscaler", "ScaledObject", "ScaledJob"}
-        assert not [r for r in render(read_stack(stack)).resources if r.type.rsplit(":", 1)[-1] in scalers]
+    assert not [r for r in _releases(stack).values() if "adapter" in str(r.get("chart"))]
+    scalers = {"HorizontalPodAutoscaler", "ScaledObject", "ScaledJob"}
+    assert not [r for r in _recording(stack).resources if r.type.rsplit(":", 1)[-1] in scalers]
 
 
-@pytest.mark.parametrize("stack", ["prod", "local"])
-def test_nothing_is_exposed_through_a_load_balancer(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_nothing_is_exposed_through_a_load_balancer(stack: Stack) -> None:
     everything = [r.inputs for r in _recording(stack).resources if r.type.startswith("kubernetes:")]
     assert not any(value == "LoadBalancer" for value in _walk(everything))
 
 
-def _records(stack: str, type_prefix: str) -> list[ResourceRecord]:
+def _records(stack: Stack, type_prefix: str) -> list[ResourceRecord]:
     return [r for r in _recording(stack).resources if r.type.startswith(type_prefix)]
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_every_addon_is_a_typed_component(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_every_addon_is_a_typed_component(stack: Stack) -> None:
     """Each add-on the stack turns on is one component, typed after it; every Helm release sits inside one."""
     components = {r.urn: r for r in _records(stack, "trainyard:platform:")}
     top_level = {(r.type, r.name) for r in components.values() if r.parent not in components}

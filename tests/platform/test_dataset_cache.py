@@ -7,10 +7,11 @@ from functools import cache
 from typing import Any
 
 import pytest
+from owned_stacks import Stack, stack_file, stack_settings, stacks_where
 from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.alluxio import (
     IMAGE,
@@ -21,34 +22,34 @@ from trainyard.platform.alluxio import (
 )
 from trainyard.workloads.launch import DATASET_DIR
 
-CACHE_STACKS = ["prod", "staging", "dev"]
+CACHE_STACKS = stacks_where(lambda s: s.is_aws and s.addons.alluxio.enabled)
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(stack_file(stack))
 
 
-def _objects(stack: str, kind: str) -> list[dict[str, Any]]:
+def _objects(stack: Stack, kind: str) -> list[dict[str, Any]]:
     return [manifest_of(r) for r in _recording(stack).resources
             if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind]
 
 
-def _fluid_values(stack: str) -> dict[str, Any]:
+def _fluid_values(stack: Stack) -> dict[str, Any]:
     (values,) = [release_of(r)["values"] for r in _recording(stack).resources
                  if r.type == HELM_RELEASE and release_of(r)["chart"] == "fluid"]
     return values
 
 
-def _source_and_tenants(stack: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _source_and_tenants(stack: Stack) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     datasets = _objects(stack, "Dataset")
     (source,) = [d for d in datasets if d["metadata"]["namespace"] == "trainyard-data"]
     return source, [d for d in datasets if d is not source]
 
 
-def _system_taints(stack: str) -> list[dict[str, str]]:
-    settings = settings_of(read_stack(stack))
+def _system_taints(stack: Stack) -> list[dict[str, str]]:
+    settings = stack_settings(stack)
     return [{"key": t.key, "effect": t.effect, **({"operator": "Equal", "value": t.value} if t.value else
                                                  {"operator": "Exists"})}
             for pool in settings.pools("system") for t in pool.taints]
@@ -78,7 +79,7 @@ def test_the_claim_shows_a_mount_below_the_references_subpath() -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_every_job_reads_its_dataset_where_fluid_mounts_it(stack: str) -> None:
+def test_every_job_reads_its_dataset_where_fluid_mounts_it(stack: Stack) -> None:
     """data.path of each rendered job = the claim's mount + Fluid's subpath + the dataset, computed from the
     rendered Datasets (not from the code that rendered the job)."""
     source, tenants = _source_and_tenants(stack)
@@ -107,7 +108,7 @@ def test_every_job_reads_its_dataset_where_fluid_mounts_it(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_dataset_mounts_propagate_a_recovered_fuse_mount(stack: str) -> None:
+def test_dataset_mounts_propagate_a_recovered_fuse_mount(stack: Stack) -> None:
     """FuseRecovery remounts into running pods only through HostToContainer propagation (fluid docs
     samples/fuse_recover.md @ v1.0.8); the CSI plugin runs with the gate on."""
     assert "FuseRecovery=true" in _fluid_values(stack)["csi"]["featureGates"].split(",")
@@ -126,14 +127,14 @@ def test_dataset_mounts_propagate_a_recovered_fuse_mount(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_the_csi_plugin_needs_no_kubelet_kubeconfig(stack: str) -> None:
+def test_the_csi_plugin_needs_no_kubelet_kubeconfig(stack: Stack) -> None:
     """useNodeAuthorization mounts /etc/kubernetes/kubelet.conf as a File hostPath (fluid 1.0.8
     templates/csi/daemonset.yaml); AL2023 nodeadm writes none, so the plugin would never start."""
     assert _fluid_values(stack)["csi"]["useNodeAuthorization"] is False
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_fluid_control_plane_tolerates_only_the_system_pools(stack: str) -> None:
+def test_fluid_control_plane_tolerates_only_the_system_pools(stack: Stack) -> None:
     values = _fluid_values(stack)
     expected = _system_taints(stack)
     for key in ("dataset", "fluidapp", "webhook", "crdUpgrade"):
@@ -145,7 +146,7 @@ def test_fluid_control_plane_tolerates_only_the_system_pools(stack: str) -> None
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_reference_datasets_have_their_controller_running(stack: str) -> None:
+def test_reference_datasets_have_their_controller_running(stack: Stack) -> None:
     """A `dataset://` Dataset is served by the ThinRuntime controller, which renders with 0 replicas unless
     runtime.thin.enabled (fluid 1.0.8 templates/controller/thinruntime_controller.yaml)."""
     _, tenants = _source_and_tenants(stack)
@@ -154,7 +155,7 @@ def test_reference_datasets_have_their_controller_running(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_no_pod_depends_on_the_serverful_webhook(stack: str) -> None:
+def test_no_pod_depends_on_the_serverful_webhook(stack: Stack) -> None:
     """The webhook only mutates labelled pods and fails their creation when it is down (failurePolicy Fail): it
     is off, and no job carries its label."""
     assert _fluid_values(stack)["webhook"]["enabled"] is False
@@ -164,7 +165,7 @@ def test_no_pod_depends_on_the_serverful_webhook(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_master_on_system_nodes_workers_on_storage_nothing_tolerates_gpus(stack: str) -> None:
+def test_master_on_system_nodes_workers_on_storage_nothing_tolerates_gpus(stack: Stack) -> None:
     (runtime,) = _objects(stack, "AlluxioRuntime")
     source, _ = _source_and_tenants(stack)
     spec = runtime["spec"]
@@ -178,7 +179,7 @@ def test_master_on_system_nodes_workers_on_storage_nothing_tolerates_gpus(stack:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_runtime_runs_a_release_image(stack: str) -> None:
+def test_runtime_runs_a_release_image(stack: Stack) -> None:
     (runtime,) = _objects(stack, "AlluxioRuntime")
     spec = runtime["spec"]
     repository, _, tag = IMAGE.rpartition(":")
@@ -191,7 +192,7 @@ def test_runtime_runs_a_release_image(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)
-def test_fuse_caches_on_the_gpu_nodes_nvme(stack: str) -> None:
+def test_fuse_caches_on_the_gpu_nodes_nvme(stack: Stack) -> None:
     (runtime,) = _objects(stack, "AlluxioRuntime")
     spec = runtime["spec"]
     fuse = spec["fuse"]
@@ -204,7 +205,7 @@ def test_fuse_caches_on_the_gpu_nodes_nvme(stack: str) -> None:
     assert options["alluxio.user.client.cache.dirs"].startswith(CACHE_MOUNT + "/")
     # Below every GPU node's instance store (Alluxio's MB is 2^20 bytes).
     size = int(options["alluxio.user.client.cache.size"].removesuffix("MB")) * 2**20
-    settings = settings_of(read_stack(stack))
+    settings = stack_settings(stack)
     smallest = min(INSTANCE_TYPES[t].nvme_devices * INSTANCE_TYPES[t].nvme_device_gb * 10**9
                    for pool in settings.pools("gpu") for t in pool.instance_types)
     assert 0 < size <= smallest * NVME_CACHE_FRACTION

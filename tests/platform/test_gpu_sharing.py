@@ -1,7 +1,7 @@
 """GPU sharing is explicit: MIG and time-sliced pools are labelled and tainted, replicas never look like whole GPUs.
 
-Renders the prod stack with one pool turned time-sliced (pools are found by what they are, not by name) and checks
-what reaches Karpenter, the device plugin and dcgm-exporter.
+Renders the tests' fleet stack with one pool turned time-sliced (pools are found by what they are, not by name) and
+checks what reaches Karpenter, the device plugin and dcgm-exporter.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import FLEET, Stack, stack_file, stack_settings, stacks_where
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.model import TimeSlicing
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import PROJECT, StackFile, read_stack, render, settings_of
+from trainyard.plan.runtime import PROJECT, StackFile, render
 from trainyard.platform.gpu_operator import SHARED_GPU_EXPORTER, device_plugin_configs
 
 SHARING = "trainyard.io/gpu-sharing"
@@ -28,13 +29,13 @@ OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
-def _raw(stack: str) -> dict[str, Any]:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
+def _raw() -> dict[str, Any]:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(FLEET).values.items()}
 
 
-def _sliced_prod() -> tuple[dict[str, Any], str]:
-    """prod with its first whole-GPU, non-EFA-job pool time-sliced (jobs on it moved off) and time slicing on."""
-    raw = _raw("prod")
+def _sliced_fleet() -> tuple[dict[str, Any], str]:
+    """The fleet with its first whole-GPU, non-EFA-job pool time-sliced (jobs on it moved off) and time slicing on."""
+    raw = _raw()
     used = {w.get("nodePool") for w in raw["workloads"] if w["kind"] != "mig"}
     pool = next(p for p in raw["nodePools"] if p["role"] == "gpu" and not p.get("migLayout")
                 and not p.get("capacityReservations") and p["name"] in used)
@@ -45,19 +46,19 @@ def _sliced_prod() -> tuple[dict[str, Any], str]:
 
 
 def _render(raw: dict[str, Any]) -> Recording:
-    base = read_stack("prod")
+    base = stack_file(FLEET)
     values = {**base.values, **{f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}}
     return render(StackFile(stack=base.stack, values=values, secret_keys=base.secret_keys))
 
 
 @cache
-def _prod() -> Recording:
-    return render(read_stack("prod"))
+def _recording(stack: Stack = FLEET) -> Recording:
+    return render(stack_file(stack))
 
 
 @cache
 def _sliced() -> tuple[Recording, str]:
-    raw, name = _sliced_prod()
+    raw, name = _sliced_fleet()
     return _render(raw), name
 
 
@@ -65,9 +66,10 @@ def _node_pools(recording: Recording) -> dict[str, dict[str, Any]]:
     return {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in recording.resources if r.type == NODE_POOL}
 
 
-def test_mig_pools_are_marked_shared_and_whole_gpu_pools_are_not() -> None:
-    settings = settings_of(read_stack("prod"))
-    recording = _prod()
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws and bool(s.pools("gpu"))))
+def test_mig_pools_are_marked_shared_and_whole_gpu_pools_are_not(stack: Stack) -> None:
+    settings = stack_settings(stack)
+    recording = _recording(stack)
     for name, spec in _node_pools(recording).items():
         template = spec["template"]
         taints = {t["key"]: t["value"] for t in template["spec"]["taints"]}
@@ -90,7 +92,7 @@ def test_a_time_sliced_pool_is_marked_selects_the_config_and_offers_shared_repli
     exporter = operator["values"]["dcgmExporter"]
     assert {k: exporter[k] for k in SHARED_GPU_EXPORTER} == SHARED_GPU_EXPORTER
     # Without time-sliced pools the exporter keeps its defaults.
-    plain = next(r.inputs for r in _prod().resources
+    plain = next(r.inputs for r in _recording().resources
                  if r.type == RELEASE and r.inputs["chart"] == "gpu-operator")
     assert "env" not in plain["values"]["dcgmExporter"]
 
@@ -109,21 +111,21 @@ def test_time_sliced_replicas_are_renamed_one_per_pod() -> None:
     ("mig-and-sliced", "gpuSharing", "not both"),
 ])
 def test_sharing_config_problems(case: str, path: str, fragment: str) -> None:
-    raw, name = _sliced_prod()
+    raw, name = _sliced_fleet()
     index = next(i for i, p in enumerate(raw["nodePools"]) if p["name"] == name)
     if case == "no-config":
         raw["addons"]["gpuOperator"]["timeSlicing"]["enabled"] = False
     if case == "unused-config":
         del raw["nodePools"][index]["gpuSharing"]
     if case == "whole-gpu-job":
-        job = copy.deepcopy(next(w for w in _raw("prod")["workloads"] if w["kind"] == "smoke"))
+        job = copy.deepcopy(next(w for w in _raw()["workloads"] if w["kind"] == "smoke"))
         job["nodePool"] = name
         raw["workloads"].append(job)
         index = len(raw["workloads"]) - 1
     if case == "mig-and-sliced":
         raw["nodePools"][index]["migLayout"] = "all-1g"
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     where = {"whole-gpu-job": f"workloads[{index}]", "unused-config": ""}.get(case, f"nodePools[{index}]")
     key = f"{where}.{path}" if where else path
     messages = {p.path: p.message for p in caught.value.problems}

@@ -10,12 +10,18 @@ from functools import cache
 from typing import Any
 
 import pytest
-from trainyard.config import ConfigError
+from owned_stacks import FLEET, Stack, stack_file, stack_settings, stacks_where
+from trainyard.config import ConfigError, Settings
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.plan.runtime import PROJECT, StackPlan, plan_stack, read_stack
+from trainyard.plan.runtime import PROJECT, StackPlan, plan_stack
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 
-CEPH_STACKS = ["prod", "staging", "dev"]
+
+def _runs_ceph(settings: Settings) -> bool:
+    return settings.is_aws and settings.addons.rook_ceph.enabled
+
+
+CEPH_STACKS = stacks_where(_runs_ceph)
 DRIVERS = ("rook-ceph.rbd.csi.ceph.com", "rook-ceph.cephfs.csi.ceph.com")
 # udev's persistent links for NVMe (60-persistent-storage.rules: nvme-<model>_<serial>[_<nsid>], -part<N>):
 # what an i4i's instance store and its EBS root look like under /dev/disk/by-id.
@@ -26,22 +32,22 @@ NOT_OSDS = ("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef
 
 
 @cache
-def _plan(stack: str) -> StackPlan:
-    return plan_stack(read_stack(stack))
+def _plan(stack: Stack) -> StackPlan:
+    return plan_stack(stack_file(stack))
 
 
-def _rendered(stack: str, chart: str, kind: str) -> list[Mapping[str, Any]]:
+def _rendered(stack: Stack, chart: str, kind: str) -> list[Mapping[str, Any]]:
     return [obj for release, obj in _plan(stack).rendered.objects()
             if release.chart == chart and obj.get("kind") == kind]
 
 
-def _cluster(stack: str) -> Mapping[str, Any]:
+def _cluster(stack: Stack) -> Mapping[str, Any]:
     (cluster,) = _rendered(stack, "rook-ceph-cluster", "CephCluster")
     return cluster["spec"]
 
 
 @pytest.mark.parametrize("stack", CEPH_STACKS)
-def test_csi_node_plugins_reach_every_node_and_controllers_run_two(stack: str) -> None:
+def test_csi_node_plugins_reach_every_node_and_controllers_run_two(stack: Stack) -> None:
     """ceph-csi-drivers 1.0.4 renders each Driver CR with its own `nodePlugin.tolerations: []` and
     `controllerPlugin.replicas: 1`, and ceph-csi-operator v1.0.4 mergeDriverSpecs fills only nil fields from the
     OperatorConfig: both must be on the Driver, or GPU pods never mount a Ceph volume."""
@@ -53,7 +59,7 @@ def test_csi_node_plugins_reach_every_node_and_controllers_run_two(stack: str) -
 
 
 @pytest.mark.parametrize("stack", CEPH_STACKS)
-def test_osds_are_the_instance_store_by_its_model_link(stack: str) -> None:
+def test_osds_are_the_instance_store_by_its_model_link(stack: Stack) -> None:
     storage = _cluster(stack)["storage"]
     # deviceFilter and per-node devices would win over devicePathFilter (ceph-cluster-crd.md).
     assert "deviceFilter" not in storage and not storage.get("nodes") and storage["useAllDevices"] is False
@@ -63,7 +69,7 @@ def test_osds_are_the_instance_store_by_its_model_link(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CEPH_STACKS)
-def test_a_replaced_storage_node_leaves_no_dead_osds(stack: str) -> None:
+def test_a_replaced_storage_node_leaves_no_dead_osds(stack: Stack) -> None:
     """Instance store is blank on a new instance: Rook removes the old OSDs once out and safe to destroy."""
     spec = _cluster(stack)
     assert spec["removeOSDsIfOutAndSafeToRemove"] is True
@@ -72,7 +78,7 @@ def test_a_replaced_storage_node_leaves_no_dead_osds(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CEPH_STACKS)
-def test_mon_stores_survive_a_system_node_replacement(stack: str) -> None:
+def test_mon_stores_survive_a_system_node_replacement(stack: Stack) -> None:
     mon = _cluster(stack)["mon"]
     template = mon["volumeClaimTemplate"]["spec"]
     classes = {c["metadata"]["name"]: c for c in (manifest_of(r) for r in _plan(stack).recording.resources
@@ -84,7 +90,7 @@ def test_mon_stores_survive_a_system_node_replacement(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", CEPH_STACKS)
-def test_pools_use_the_configured_failure_domain_and_no_snapshot_schedule(stack: str) -> None:
+def test_pools_use_the_configured_failure_domain_and_no_snapshot_schedule(stack: Stack) -> None:
     rook = _plan(stack).settings.addons.rook_ceph
     for pool in _rendered(stack, "rook-ceph-cluster", "CephBlockPool"):
         assert pool["spec"]["failureDomain"] == rook.failure_domain
@@ -95,18 +101,22 @@ def test_pools_use_the_configured_failure_domain_and_no_snapshot_schedule(stack:
     assert not (spec.get("mirroring") or {}).get("enabled")
 
 
-def test_prod_spreads_replicas_over_zones() -> None:
-    settings = _plan("prod").settings
-    assert settings.addons.rook_ceph.failure_domain == "zone"
+def test_the_fleet_spreads_replicas_over_zones() -> None:
+    assert stack_settings(FLEET).addons.rook_ceph.failure_domain == "zone"
+
+
+@pytest.mark.parametrize("stack", stacks_where(lambda s: _runs_ceph(s) and s.addons.rook_ceph.failure_domain == "zone"))
+def test_a_zone_failure_domain_spans_as_many_zones_as_replicas(stack: Stack) -> None:
+    settings = _plan(stack).settings
     (storage,) = settings.pools("storage")
     zones = storage.zones or (settings.aws.availability_zones if settings.aws else [])
     assert len(zones) >= settings.addons.rook_ceph.replicas
 
 
 def test_zone_failure_domain_needs_as_many_zones_as_replicas() -> None:
-    raw = {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack("prod").values.items()}
+    raw = {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(FLEET).values.items()}
     (storage,) = [p for p in raw["nodePools"] if p["role"] == "storage"]
     storage["zones"] = raw["aws"]["availabilityZones"][:2]
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     assert "spans 2" in {p.path: p.message for p in caught.value.problems}["addons.rookCeph.failureDomain"]
