@@ -1,7 +1,7 @@
 """Issue 24: public exposure judged by the addresses a list opens, full-match checks, and values AWS, Kubernetes or
 Karpenter would refuse (or that could never run) refused offline, each naming its key.
 
-Every case mutates a sample stack found by role and kind, never by position, so an edited stack keeps the cases.
+Every case mutates a stack the tests own (tests/fixtures/stacks), finding what it changes by role and kind.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from owned_stacks import OWNED_STACKS, Stack, sample_stacks, stack_file
 from trainyard.config import ConfigError
 from trainyard.config.exposure import internet_addresses, opens_to_anyone
 from trainyard.config.load import decode_value, parse_settings
@@ -21,7 +22,14 @@ Change = Callable[[Raw], str]  # mutates the raw stack, returns the key path the
 
 
 def _raw(stack: str) -> Raw:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
+    """An owned stack's config: `fleet`, `laptop`, or `fleet-dev` (the fleet as a dev environment)."""
+    name, _, environment = stack.partition("-")
+    raw = _decoded((name, OWNED_STACKS))
+    return {**raw, "environment": environment} if environment else raw
+
+
+def _decoded(stack: Stack) -> Raw:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(stack).values.items()}
 
 
 def _problems(raw: Raw, stack: str) -> list[str]:
@@ -81,9 +89,9 @@ def _public(cidrs: list[str]) -> Change:
 
 
 @pytest.mark.parametrize("cidrs", SPLITS.values(), ids=SPLITS.keys())
-@pytest.mark.parametrize("stack", ["prod", "dev"])
+@pytest.mark.parametrize("stack", ["fleet", "fleet-dev"])
 def test_a_split_open_endpoint_is_refused_like_0_0_0_0_0(stack: str, cidrs: list[str]) -> None:
-    refused(stack, _public(cidrs), "prod may not open" if stack == "prod" else "allowAnyPublicAccess")
+    refused(stack, _public(cidrs), "prod may not open" if stack == "fleet" else "allowAnyPublicAccess")
 
 
 def test_outside_prod_allow_any_public_access_still_means_it() -> None:
@@ -91,13 +99,13 @@ def test_outside_prod_allow_any_public_access_still_means_it() -> None:
         _public(SPLITS["halves"])(raw)
         raw["network"]["allowAnyPublicAccess"] = True
         return ""
-    accepted("dev", change)
+    accepted("fleet-dev", change)
 
 
 @pytest.mark.parametrize("cidrs", [["52.34.18.0/28"], ["52.0.0.0/8"], ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"],
                                    [f"52.34.{i}.0/24" for i in range(40)]])
 def test_real_allow_lists_are_accepted(cidrs: list[str]) -> None:
-    accepted("prod", lambda raw: (raw["network"].__setitem__("publicAccessCidrs", cidrs), "")[1])
+    accepted("fleet", lambda raw: (raw["network"].__setitem__("publicAccessCidrs", cidrs), "")[1])
 
 
 def test_private_runner_ranges_are_judged_the_same_way() -> None:
@@ -111,8 +119,8 @@ def test_private_runner_ranges_are_judged_the_same_way() -> None:
             raw["network"]["publicAccessCidrs"] = []
             return "deploy.runnerCidrs"
         return change
-    refused("prod", private(["0.0.0.0/1", "128.0.0.0/1"]), "private API endpoint's security group")
-    accepted("prod", private(["10.200.0.0/16"]))
+    refused("fleet", private(["0.0.0.0/1", "128.0.0.0/1"]), "private API endpoint's security group")
+    accepted("fleet", private(["10.200.0.0/16"]))
 
 
 def test_the_union_counts_internet_addresses_once() -> None:
@@ -179,15 +187,15 @@ NEWLINES["label-key"] = _label_key("team\n")
 
 @pytest.mark.parametrize("change", NEWLINES.values(), ids=NEWLINES.keys())
 def test_a_value_with_a_trailing_newline_is_refused(change: Change) -> None:
-    raw = copy.deepcopy(_raw("prod"))
+    raw = copy.deepcopy(_raw("fleet"))
     path = change(raw)
-    problems = _problems(raw, "prod")
+    problems = _problems(raw, "fleet")
     assert any(p.startswith(f"{PROJECT}:{path}") for p in problems), (path, problems)
 
 
 def test_a_stack_name_with_a_newline_is_unknown() -> None:
     with pytest.raises(ValueError, match="unknown stack"):
-        read_stack("dev\n")
+        read_stack("fleet\n", OWNED_STACKS)
 
 
 # ---- values the cloud refuses ------------------------------------------------------------------------------------
@@ -222,12 +230,12 @@ ARNS = {
 @pytest.mark.parametrize(("value", "fragment"), ARNS.values(), ids=ARNS.keys())
 @pytest.mark.parametrize("path", ["deploy.roleArn", "aws.adminPrincipalArns[0]"])
 def test_an_arn_aws_would_refuse_is_named(path: str, value: str, fragment: str) -> None:
-    refused("prod", _arn(path, value), fragment)
+    refused("fleet", _arn(path, value), fragment)
 
 
 @pytest.mark.parametrize("value", [ROLE + "r" * 64, ROLE + "team/ci/deploy", ROLE + "a+b=c,d.e@f_g-h"])
 def test_an_arn_aws_accepts_is_accepted(value: str) -> None:
-    accepted("prod", _arn("deploy.roleArn", value))
+    accepted("fleet", _arn("deploy.roleArn", value))
 
 
 @pytest.mark.parametrize(("region", "fragment"), [
@@ -238,7 +246,7 @@ def test_a_region_outside_the_programs_partition_is_refused(region: str, fragmen
     def change(raw: Raw) -> str:
         raw["aws"]["region"] = region
         return "aws.region"
-    refused("prod", change, fragment)
+    refused("fleet", change, fragment)
 
 
 def _pool_labels(role: str, labels: dict[str, str], **which: bool) -> Change:
@@ -265,14 +273,14 @@ GPU_LABELS_REFUSED = {
 
 @pytest.mark.parametrize(("key", "fragment"), GPU_LABELS_REFUSED.values(), ids=GPU_LABELS_REFUSED.keys())
 def test_a_gpu_pool_label_karpenter_refuses_is_named(key: str, fragment: str) -> None:
-    refused("prod", _pool_labels("gpu", {key: "x"}, mig=False), fragment)
+    refused("fleet", _pool_labels("gpu", {key: "x"}, mig=False), fragment)
 
 
 @pytest.mark.parametrize("key", ["node.kubernetes.io/team", "node-restriction.kubernetes.io/team", "kops.k8s.io/x",
                                  "example.com/team", "team", "topology.kubernetes.io/zone"])
 def test_a_gpu_pool_label_karpenter_takes_is_accepted(key: str) -> None:
     value = "us-west-2a" if key.startswith("topology") else "x"
-    accepted("prod", _pool_labels("gpu", {key: value}, mig=False))
+    accepted("fleet", _pool_labels("gpu", {key: value}, mig=False))
 
 
 MANAGED_LABELS_REFUSED = {
@@ -289,12 +297,12 @@ MANAGED_LABELS_REFUSED = {
 @pytest.mark.parametrize("role", ["system", "storage"])
 def test_a_node_group_label_the_kubelet_or_eks_refuses_is_named(role: str, labels: dict[str, str],
                                                                 fragment: str) -> None:
-    refused("prod", _pool_labels(role, labels), fragment)
+    refused("fleet", _pool_labels(role, labels), fragment)
 
 
 @pytest.mark.parametrize("key", ["node.kubernetes.io/team", "kubelet.kubernetes.io/x", "example.com/team"])
 def test_a_node_group_label_the_kubelet_takes_is_accepted(key: str) -> None:
-    accepted("prod", _pool_labels("system", {key: "x"}))
+    accepted("fleet", _pool_labels("system", {key: "x"}))
 
 
 @pytest.mark.parametrize(("key", "fragment"), [
@@ -310,7 +318,7 @@ def test_a_label_key_kubernetes_refuses_is_named(key: str, fragment: str) -> Non
         i = _pool("gpu", mig=False)(raw)
         raw["nodePools"][i]["labels"] = {key: "x"}
         return f"nodePools[{i}].labels"
-    refused("prod", change, fragment)
+    refused("fleet", change, fragment)
 
 
 def _taints(role: str, taints: list[dict[str, str]], field: str = "", **which: bool) -> Change:
@@ -326,22 +334,22 @@ DEDICATED = {"key": "example.com/dedicated", "value": "ml", "effect": "NoSchedul
 
 @pytest.mark.parametrize("role", ["system", "gpu"])
 def test_a_repeated_taint_is_refused(role: str) -> None:
-    refused("prod", _taints(role, [DEDICATED, {**DEDICATED, "value": "other"}], mig=False) if role == "gpu"
+    refused("fleet", _taints(role, [DEDICATED, {**DEDICATED, "value": "other"}], mig=False) if role == "gpu"
             else _taints(role, [DEDICATED, DEDICATED]), "repeats taints[0]")
-    accepted("prod", _taints(role, [DEDICATED, {**DEDICATED, "effect": "NoExecute"}]))
+    accepted("fleet", _taints(role, [DEDICATED, {**DEDICATED, "effect": "NoExecute"}]))
 
 
 @pytest.mark.parametrize("key", ["trainyard.io/gpu-health", "trainyard.io/gpu-health-failed",
                                  "node.cilium.io/agent-not-ready"])
 def test_a_taint_the_platform_manages_is_refused(key: str) -> None:
-    refused("prod", _taints("gpu", [{"key": key, "value": "pending", "effect": "NoSchedule"}], ".key", mig=False),
+    refused("fleet", _taints("gpu", [{"key": key, "value": "pending", "effect": "NoSchedule"}], ".key", mig=False),
             "the platform sets and removes itself")
 
 
 def test_a_node_group_taint_key_over_63_is_refused() -> None:
     taint = {"key": "example.com/" + "t" * 52, "effect": "NoSchedule"}
-    refused("prod", _taints("storage", [taint], ".key"), "takes at most 63")
-    accepted("prod", _taints("gpu", [taint], mig=False))
+    refused("fleet", _taints("storage", [taint], ".key"), "takes at most 63")
+    accepted("fleet", _taints("gpu", [taint], mig=False))
 
 
 @pytest.mark.parametrize("value", [True, False, 1.0, 2.5, "1"])
@@ -349,7 +357,7 @@ def test_diag_level_takes_a_whole_number_only(value: Any) -> None:
     def change(raw: Raw) -> str:
         raw.setdefault("addons", {}).setdefault("gpuHealth", {})["diagLevel"] = value
         return "addons.gpuHealth.diagLevel"
-    refused("prod", change, "whole number" if isinstance(value, bool | float) else "1, 2, 3 or 4")
+    refused("fleet", change, "whole number" if isinstance(value, bool | float) else "1, 2, 3 or 4")
 
 
 def _gpu_operator_off(raw: Raw) -> None:
@@ -360,22 +368,22 @@ def test_gpu_jobs_while_the_gpu_operator_is_off_would_hang() -> None:
     def change(raw: Raw) -> str:
         _gpu_operator_off(raw)
         return f"workloads[{_index(raw, 'workloads', lambda j: j.get('gpusPerNode', 0) > 0)}]"
-    refused("prod", change, "would hang Pending")
+    refused("fleet", change, "would hang Pending")
 
     def mig(raw: Raw) -> str:
         _gpu_operator_off(raw)
         return f"workloads[{_index(raw, 'workloads', lambda j: j['kind'] == 'mig')}]"
-    refused("prod", mig, "would hang Pending")
+    refused("fleet", mig, "would hang Pending")
 
     def fabric(raw: Raw) -> str:
         _gpu_operator_off(raw)
         return f"nodePools[{_pool('gpu', efa=True)(raw)}].efa"
-    refused("prod", fabric, "fabric check takes whole GPUs")
+    refused("fleet", fabric, "fabric check takes whole GPUs")
 
     def layout(raw: Raw) -> str:
         _gpu_operator_off(raw)
         return f"nodePools[{_pool('gpu', mig=True)(raw)}].migLayout"
-    refused("prod", layout, "mig-manager")
+    refused("fleet", layout, "mig-manager")
 
 
 def test_efa_on_a_mig_pool_would_hang_its_fabric_check() -> None:
@@ -383,13 +391,13 @@ def test_efa_on_a_mig_pool_would_hang_its_fabric_check() -> None:
         i = _pool("gpu", mig=True)(raw)
         raw["nodePools"][i]["efa"] = True
         return f"nodePools[{i}].efa"
-    refused("prod", change, "would hang Pending")
+    refused("fleet", change, "would hang Pending")
 
     def check_off(raw: Raw) -> str:
         change(raw)
         raw["fabricCheck"] = {"enabled": False}
         return ""
-    assert not [p for p in _problems(_mutated("prod", check_off), "prod") if "would hang" in p]
+    assert not [p for p in _problems(_mutated("fleet", check_off), "fleet") if "would hang" in p]
 
 
 def _mutated(stack: str, change: Change) -> Raw:
@@ -401,16 +409,16 @@ def _mutated(stack: str, change: Change) -> Raw:
 @pytest.mark.parametrize(("key", "fragment"), [
     ("karpenter.sh/discovery", "pick subnets and security groups"),
     ("kubernetes.io/role/elb", "pick subnets and security groups"),
-    ("kubernetes.io/cluster/trainyard-prod", "pick subnets and security groups"),
+    ("kubernetes.io/cluster/trainyard-fleet", "pick subnets and security groups"),
     ("trainyard.io/stack", "trainyard sets on every resource"),
     ("managed-by", "trainyard sets on every resource"),
 ])
 def test_a_stack_wide_tag_a_controller_discovers_by_is_refused(key: str, fragment: str) -> None:
     def change(raw: Raw) -> str:
-        raw["aws"]["tags"][key] = "trainyard-prod"
+        raw["aws"]["tags"][key] = "trainyard-fleet"
         return f"aws.tags.{key}"
-    refused("prod", change, fragment)
-    accepted("prod", lambda raw: (raw["aws"]["tags"].__setitem__("example.com/owner", "ml"), "")[1])
+    refused("fleet", change, fragment)
+    accepted("fleet", lambda raw: (raw["aws"]["tags"].__setitem__("example.com/owner", "ml"), "")[1])
 
 
 # ---- every key of a stack, given a hostile value, ends in the config report and never in a traceback ---------------
@@ -427,11 +435,23 @@ def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
-@pytest.mark.parametrize("stack", ["prod", "local"])
-def test_a_hostile_value_anywhere_is_a_config_problem_not_a_crash(stack: str) -> None:
-    base = _raw(stack)
+def _hostile_cases() -> list[tuple[str, Raw, tuple[Any, ...]]]:
+    """Every key of the owned stacks, then each key a sample stack has that none of them has (list items alike)."""
+    cases, seen = [], set()
+    for name, raw in [("fleet", _raw("fleet")), ("laptop", _raw("laptop")),
+                      *((stack[0], _decoded(stack)) for stack in sample_stacks())]:
+        owned = name in ("fleet", "laptop")
+        for path in _leaves(raw):
+            kind = tuple("#" if isinstance(key, int) else key for key in path)
+            if owned or kind not in seen:
+                cases.append((name, raw, path))
+            seen.add(kind)
+    return cases
+
+
+def test_a_hostile_value_anywhere_is_a_config_problem_not_a_crash() -> None:
     crashes = []
-    for path in _leaves(base):
+    for stack, base, path in _hostile_cases():
         for value in HOSTILE:
             raw = copy.deepcopy(base)
             node = raw
@@ -443,11 +463,12 @@ def test_a_hostile_value_anywhere_is_a_config_problem_not_a_crash(stack: str) ->
             except ConfigError:
                 pass
             except Exception as error:  # noqa: BLE001 - the point: nothing but ConfigError may escape
-                crashes.append(f"{path} = {value!r}: {error!r}")
+                crashes.append(f"{stack}: {path} = {value!r}: {error!r}")
     assert crashes == []
 
 
-@pytest.mark.parametrize(("stack", "kind"), [("prod", "mig"), ("prod", "elastic"), ("prod", "smoke"), ("local", None)])
+@pytest.mark.parametrize(("stack", "kind"), [("fleet", "mig"), ("fleet", "elastic"), ("fleet", "smoke"),
+                                             ("laptop", None)])
 def test_a_shm_the_pods_memory_cannot_hold_is_named(stack: str, kind: str | None) -> None:
     def change(raw: Raw) -> str:
         i = _index(raw, "workloads", lambda j: kind is None or j["kind"] == kind)

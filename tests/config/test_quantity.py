@@ -6,11 +6,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, stack_file
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.quantity import parse_quantity, quantity_bytes
 from trainyard.plan.cluster_model import quantity
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT
 from trainyard.platform.monitoring import retention_size
 
 
@@ -40,19 +41,19 @@ def test_every_layer_reads_an_accepted_size_alike(text: str) -> None:
     assert retention_size(text) == retention_size("100Gi") == "85GB"
 
 
-def _prod() -> dict[str, Any]:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack("prod").values.items()}
+def _fleet() -> dict[str, Any]:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(FLEET).values.items()}
 
 
 @pytest.mark.parametrize("text", SAME_SIZE)
 def test_the_stack_model_accepts_what_the_layers_read(text: str) -> None:
-    raw = _prod()
+    raw = _fleet()
     raw.setdefault("addons", {}).setdefault("monitoring", {})["storageSize"] = text
-    assert parse_settings(PROJECT, "prod", raw).addons.monitoring.storage_size == text
+    assert parse_settings(PROJECT, "fleet", raw).addons.monitoring.storage_size == text
 
 
 def test_a_quantity_with_a_trailing_newline_is_refused_by_key() -> None:
-    raw = _prod()
+    raw = _fleet()
     raw.setdefault("addons", {}).setdefault("alluxio", {})["memoryCache"] = "16Gi\n"
     with pytest.raises(ConfigError, match=r"trainyard:addons\.alluxio\.memoryCache: .*not a Kubernetes quantity"):
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)

@@ -1,7 +1,7 @@
 """Stack config for network topology and reserved capacity: each wrong setting is named by its key path.
 
-The mutations start from the prod stack file but find pools and jobs by what they are (an EFA pool in a placement
-group, a spot pool, an autoscaling job), not by name or index, so a user's edits to prod keep them meaningful.
+The mutations start from the tests' fleet stack (tests/fixtures/stacks) and find pools and jobs by what they are (an
+EFA pool in a placement group, a spot pool, an autoscaling job), not by name or index.
 """
 
 from __future__ import annotations
@@ -11,25 +11,26 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, stack_file
 from trainyard.config import ConfigError
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.model import Settings
 from trainyard.config.rules import co_located
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT
 
 Raw = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def prod() -> Raw:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack("prod").values.items()}
+def fleet() -> Raw:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(FLEET).values.items()}
 
 
 def _index(items: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool], what: str) -> int:
     found = [i for i, item in enumerate(items) if test(item)]
     if not found:
-        pytest.fail(f"the prod stack has no {what} for this case")
+        pytest.fail(f"the fleet stack has no {what} for this case")
     return found[0]
 
 
@@ -53,7 +54,7 @@ def _multi_node_job(raw: Raw, pool: int | None = None) -> int:
 
 def _problems(raw: Raw) -> dict[str, str]:
     with pytest.raises(ConfigError) as caught:
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     return {p.path: p.message for p in caught.value.problems}
 
 
@@ -67,15 +68,15 @@ def _block(pool: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return _reservation(pool, **{"type": "capacity-block", "upfrontFeeUsd": 1000.0, "durationHours": 24, **extra})
 
 
-def test_hard_on_a_co_located_pool_is_accepted(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_hard_on_a_co_located_pool_is_accepted(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     p = _gpu_pool(raw, spot=False)
     pool = raw["nodePools"][p]
     pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
                 instanceTypes=pool["instanceTypes"][:1])
     j = _multi_node_job(raw, p)
     raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 2}
-    settings = parse_settings(PROJECT, "prod", raw)
+    settings = parse_settings(PROJECT, "fleet", raw)
     assert settings.workloads[j].network_topology is not None
     assert co_located(settings.node_pools[p])
 
@@ -90,8 +91,8 @@ def test_hard_on_a_co_located_pool_is_accepted(prod: Raw) -> None:
     ("hard-two-types", "networkTopology.mode", "co-located"),
     ("hard-unlabelled", "networkTopology.mode", "no EC2 network topology"),
 ])
-def test_network_topology_problems(prod: Raw, case: str, key: str, fragment: str) -> None:
-    raw = copy.deepcopy(prod)
+def test_network_topology_problems(fleet: Raw, case: str, key: str, fragment: str) -> None:
+    raw = copy.deepcopy(fleet)
     if case == "one-node":
         j = _index(raw["workloads"], lambda w: w.get("maxNodes", 1) == 1, "one-node job")
         raw["workloads"][j]["networkTopology"] = {"mode": "soft"}
@@ -131,8 +132,8 @@ def test_network_topology_problems(prod: Raw, case: str, key: str, fragment: str
     ("big-block", "capacityReservations[0].instanceCount", "at most 64"),
     ("desired-above-reserved", "desiredSize", "no more than its"),
 ])
-def test_capacity_reservation_problems(prod: Raw, case: str, key: str, fragment: str) -> None:
-    raw = copy.deepcopy(prod)
+def test_capacity_reservation_problems(fleet: Raw, case: str, key: str, fragment: str) -> None:
+    raw = copy.deepcopy(fleet)
     p = _gpu_pool(raw, spot=False)
     pool = raw["nodePools"][p]
     pool["capacityTypes"] = ["reserved"]
@@ -162,15 +163,15 @@ def test_capacity_reservation_problems(prod: Raw, case: str, key: str, fragment:
     assert fragment in problems.get(path, ""), problems
 
 
-def test_a_capacity_block_pool_is_co_located_and_an_odcr_one_is_not(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_a_capacity_block_pool_is_co_located_and_an_odcr_one_is_not(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     p = _gpu_pool(raw, spot=False)
     pool = raw["nodePools"][p]
     pool.update(capacityTypes=["reserved"], placementGroup=False, desiredSize=1, capacityReservations=[_block(pool)])
-    settings: Settings = parse_settings(PROJECT, "prod", raw)
+    settings: Settings = parse_settings(PROJECT, "fleet", raw)
     assert co_located(settings.node_pools[p])
     pool["capacityReservations"] = [_reservation(pool)]
-    assert not co_located(parse_settings(PROJECT, "prod", raw).node_pools[p])
+    assert not co_located(parse_settings(PROJECT, "fleet", raw).node_pools[p])
 
 
 def test_network_layers_come_from_the_ec2_topology_list() -> None:
@@ -179,10 +180,10 @@ def test_network_layers_come_from_the_ec2_topology_list() -> None:
         "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "g6e.xlarge", "g6e.12xlarge"}
 
 
-def test_a_spot_job_whose_grace_outlasts_the_notice_is_refused(prod: Raw) -> None:
-    raw = copy.deepcopy(prod)
+def test_a_spot_job_whose_grace_outlasts_the_notice_is_refused(fleet: Raw) -> None:
+    raw = copy.deepcopy(fleet)
     j = _multi_node_job(raw, _gpu_pool(raw, spot=True))
     raw["workloads"][j]["checkpointGraceSeconds"] = 100
-    parse_settings(PROJECT, "prod", raw)  # 100 s + Karpenter's 20 s fit the two minutes
+    parse_settings(PROJECT, "fleet", raw)  # 100 s + Karpenter's 20 s fit the two minutes
     raw["workloads"][j]["checkpointGraceSeconds"] = 101
     assert "interruption notice leaves 100s" in _problems(raw).get(f"workloads[{j}].checkpointGraceSeconds", "")
