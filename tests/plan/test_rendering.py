@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import FLEET, LAPTOP, OWNED_STACKS, stack_file
 from trainyard.plan import helm, render_cache, rendering
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.images import images, is_pinned, unpinned
@@ -258,7 +259,7 @@ def test_every_stack_renders_every_release_with_pinned_images_only() -> None:
 
 def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
     """The GPU Operator's tree defaults its operator and validator to `main-latest` (.Chart.AppVersion)."""
-    planned = plan_stack(read_stack("prod"))
+    planned = plan_stack(stack_file(FLEET))
     records = []
     for record in planned.recording.resources:
         if record.type == rendering.RELEASE and record.inputs["chart"] == "gpu-operator":
@@ -272,7 +273,7 @@ def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
 
 
 def test_rendered_files_are_one_per_object_and_crds_keep_only_schema_digests() -> None:
-    planned = plan_stack(read_stack("prod"))
+    planned = plan_stack(stack_file(FLEET))
     files = plan_files(planned.recording, planned.rendered)
     rendered = {path: text for path, text in files.items() if path.startswith("rendered/") and path.endswith(".yaml")}
     assert len(rendered) == sum(len(r.objects) for r in planned.rendered.releases.values())
@@ -312,8 +313,9 @@ def test_plan_cli_stops_on_a_release_that_does_not_render(tmp_path: Path) -> Non
             (upstream / "chart-src" / path.name).symlink_to(path)
     env = {"PATH": "/usr/bin:/bin", "TRAINYARD_UPSTREAM": str(upstream),
            "TRAINYARD_RENDER_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", "local", "--out",
-                             str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "trainyard", "plan", "--stack", LAPTOP[0], "--stacks-dir",
+                             str(OWNED_STACKS), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: Helm release volcano: no chart source tree for volcano")
     assert "Traceback" not in result.stderr

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
+from owned_stacks import FLEET, stack_file
 from review_support import STACKS, rendered
 from trainyard.plan import graph
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import render
+
+
+@cache
+def _fleet() -> Recording:
+    return render(stack_file(FLEET))
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -25,7 +35,7 @@ def test_graph_edges_come_from_the_recording(stack: str) -> None:
 
 
 def test_full_graph_keeps_every_resource_and_dependency() -> None:
-    recording = rendered("prod")
+    recording = _fleet()
     g = graph.build(recording, limit=10_000)
     by_urn = recording.by_urn()
     assert set(g.nodes) == set(by_urn)
@@ -35,7 +45,7 @@ def test_full_graph_keeps_every_resource_and_dependency() -> None:
 
 
 def test_mermaid_and_dot_have_one_cluster_per_layer_and_every_edge() -> None:
-    g = graph.build(rendered("prod"))
+    g = graph.build(_fleet())
     layers = {layer for _, layer in g.nodes.values()}
     mermaid, dot = graph.to_mermaid(g), graph.to_dot(g)
     assert mermaid.startswith("flowchart LR")

@@ -8,10 +8,11 @@ from functools import cache
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, stack_file
 from review_support import STACKS, rendered
 from trainyard.config import name_rules
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.runtime import render
 
 LONGEST_STACK = "a" * 10  # rules._names: the EventBridge rule names bound the stack name to 10 characters
 
@@ -30,8 +31,8 @@ LABEL_KINDS = frozenset({"Namespace", "Service", "Job"})
 
 @cache
 def _longest() -> Recording:
-    prod = read_stack("prod")
-    return render(type(prod)(stack=LONGEST_STACK, values=prod.values, secret_keys=prod.secret_keys))
+    fleet = stack_file(FLEET)
+    return render(type(fleet)(stack=LONGEST_STACK, values=fleet.values, secret_keys=fleet.secret_keys))
 
 
 def _problems(recording: Recording) -> Iterator[str]:

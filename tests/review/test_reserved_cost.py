@@ -2,7 +2,8 @@
 
 EC2 bills an On-Demand Capacity Reservation at the on-demand rate of every reserved instance, running or not, and
 charges a Capacity Block's price in full when it is bought (EC2 User Guide, capacity-blocks-extend.html: "The price
-of a Capacity Block offering is charged up front"). The pools here are built from the prod stack's first EFA pool.
+of a Capacity Block offering is charged up front"). The pools here are built from the first EFA pool of the tests'
+fleet stack.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, stack_file
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.config.mig import load_mig_catalog
@@ -20,14 +22,14 @@ from trainyard.plan.capacity import PoolCapacity, pool_capacity, price_note
 from trainyard.plan.diff import StackRender, diff_stack, format_diff
 from trainyard.plan.recording import Recording
 from trainyard.plan.report import summary
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT
 
 Raw = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def prod() -> Raw:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack("prod").values.items()}
+def fleet() -> Raw:
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(FLEET).values.items()}
 
 
 def _with_pool(raw: Raw, **changes: Any) -> tuple[Settings, str]:
@@ -35,7 +37,7 @@ def _with_pool(raw: Raw, **changes: Any) -> tuple[Settings, str]:
     pool = next(p for p in raw["nodePools"]
                 if p["role"] == "gpu" and p.get("efa") and not p.get("capacityReservations"))
     pool.update(changes)
-    return parse_settings(PROJECT, "prod", raw), pool["name"]
+    return parse_settings(PROJECT, "fleet", raw), pool["name"]
 
 
 def _row(settings: Settings, name: str) -> PoolCapacity:
@@ -51,8 +53,8 @@ P5 = INSTANCE_TYPES["p5.48xlarge"].on_demand_hourly_usd
 BASE = {"instanceTypes": ["p5.48xlarge"], "zones": ["us-west-2a"], "maxSize": 8}
 
 
-def test_an_odcr_costs_its_reserved_instances_even_at_zero_nodes(prod: Raw) -> None:
-    settings, name = _with_pool(prod, **BASE, capacityTypes=["reserved"], desiredSize=0,
+def test_an_odcr_costs_its_reserved_instances_even_at_zero_nodes(fleet: Raw) -> None:
+    settings, name = _with_pool(fleet, **BASE, capacityTypes=["reserved"], desiredSize=0,
                                 capacityReservations=[_reservation(3)])
     row = _row(settings, name)
     assert row.desired_nodes == 0
@@ -60,15 +62,15 @@ def test_an_odcr_costs_its_reserved_instances_even_at_zero_nodes(prod: Raw) -> N
     assert row.upfront_usd == 0
 
 
-def test_nodes_beyond_the_reservation_are_priced_as_unreserved(prod: Raw) -> None:
-    settings, name = _with_pool(prod, **BASE, capacityTypes=["reserved", "on-demand"], desiredSize=5,
+def test_nodes_beyond_the_reservation_are_priced_as_unreserved(fleet: Raw) -> None:
+    settings, name = _with_pool(fleet, **BASE, capacityTypes=["reserved", "on-demand"], desiredSize=5,
                                 capacityReservations=[_reservation(3)])
     assert _row(settings, name).hourly_usd == pytest.approx(3 * P5 + 2 * P5)
 
 
-def test_a_capacity_block_is_paid_up_front_and_adds_nothing_per_hour(prod: Raw) -> None:
+def test_a_capacity_block_is_paid_up_front_and_adds_nothing_per_hour(fleet: Raw) -> None:
     block = _reservation(4, type="capacity-block", upfrontFeeUsd=12345.5, durationHours=168)
-    settings, name = _with_pool(prod, **BASE, capacityTypes=["reserved"], desiredSize=4, placementGroup=False,
+    settings, name = _with_pool(fleet, **BASE, capacityTypes=["reserved"], desiredSize=4, placementGroup=False,
                                 capacityReservations=[block])
     row = _row(settings, name)
     assert (row.hourly_usd, row.monthly_usd, row.upfront_usd) == (0, 0, 12345.5)
@@ -77,15 +79,15 @@ def test_a_capacity_block_is_paid_up_front_and_adds_nothing_per_hour(prod: Raw) 
     assert "up-front $" in text and "12,346" in text
 
 
-def test_the_diff_shows_a_new_block_up_front(prod: Raw) -> None:
-    base_settings, name = _with_pool(prod, **BASE)
+def test_the_diff_shows_a_new_block_up_front(fleet: Raw) -> None:
+    base_settings, name = _with_pool(fleet, **BASE)
     block = _reservation(4, type="capacity-block", upfrontFeeUsd=5000.0, durationHours=24)
-    head_settings, _ = _with_pool(prod, **BASE, capacityTypes=["reserved"], desiredSize=4, placementGroup=False,
+    head_settings, _ = _with_pool(fleet, **BASE, capacityTypes=["reserved"], desiredSize=4, placementGroup=False,
                                   capacityReservations=[block])
     catalog = load_mig_catalog()
     base = StackRender(pools=tuple(pool_capacity(base_settings, catalog)))
     head = StackRender(pools=tuple(pool_capacity(head_settings, catalog)))
-    diff = diff_stack("prod", base, head)
+    diff = diff_stack("fleet", base, head)
     [delta] = diff.pools
     assert delta.name == name and delta.upfront_usd == 5000.0
     # The pool's four nodes leave spot/on-demand pricing for the prepaid block.

@@ -9,16 +9,6 @@ from trainyard.plan.recording import Recording
 
 
 @pytest.fixture(scope="module")
-def prod() -> Recording:
-    return rendered("prod")
-
-
-@pytest.fixture(scope="module")
-def local() -> Recording:
-    return rendered("local")
-
-
-@pytest.fixture(scope="module")
 def fleet() -> Recording:
     """The AWS stack the tests own (tests/fixtures/stacks/Pulumi.fleet.yaml): one job of each kind."""
     return rendered("fleet", OWNED_STACKS)

@@ -9,8 +9,9 @@ from functools import cache
 from typing import Any
 
 import pytest
+from owned_stacks import Stack, every_stack, stack_file, stack_settings, stacks_where
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import render
 from trainyard.plan.writers import manifest_of
 from trainyard_train.export import EXPORT_ENV, ExportTarget
 
@@ -19,11 +20,11 @@ NAMESPACE_TAG = "${aws:PrincipalTag/kubernetes-namespace}"
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(stack_file(stack))
 
 
-def _containers(stack: str) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+def _containers(stack: Stack) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     """(job, pod spec, container) of every rendered Volcano job."""
     found = []
     for record in _recording(stack).resources:
@@ -40,7 +41,7 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
-def _trainer_object_grants(stack: str) -> list[str]:
+def _trainer_object_grants(stack: Stack) -> list[str]:
     """Object ARNs the trainer role's policy lets it write (Put) in, namespace variable included."""
     grants = []
     for record in _recording(stack).resources:
@@ -52,9 +53,9 @@ def _trainer_object_grants(stack: str) -> list[str]:
     return grants
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev"])
-def test_every_training_job_exports_under_its_own_writable_prefix(stack: str) -> None:
-    settings = settings_of(read_stack(stack))
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws))
+def test_every_training_job_exports_under_its_own_writable_prefix(stack: Stack) -> None:
+    settings = stack_settings(stack)
     grants = _trainer_object_grants(stack)
     assert grants, "the trainer role grants no object writes"
     trainers = [(job, c) for job, _, c in _containers(stack) if c["name"] == "trainer"]
@@ -70,13 +71,14 @@ def test_every_training_job_exports_under_its_own_writable_prefix(stack: str) ->
         assert any(g.endswith("/*") and key.startswith(g[:-1]) for g in writable), (name, writable)
 
 
-def test_nothing_exports_without_a_checkpoint_bucket() -> None:
-    for _, _, container in _containers("local"):
+@pytest.mark.parametrize("stack", stacks_where(lambda s: not s.is_aws))
+def test_nothing_exports_without_a_checkpoint_bucket(stack: Stack) -> None:
+    for _, _, container in _containers(stack):
         assert EXPORT_ENV not in _env(container)
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev", "local"])
-def test_home_is_writable_in_every_container(stack: str) -> None:
+@pytest.mark.parametrize("stack", every_stack())
+def test_home_is_writable_in_every_container(stack: Stack) -> None:
     for job, pod, container in _containers(stack):
         home = _env(container).get("HOME")
         assert home, job["metadata"]["name"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from jobs_render import fabric_checks, volcano_schema_errors
+from jobs_render import fabric_checks, rendered, volcano_schema_errors
+from owned_stacks import Stack, every_stack, stack_settings, stacks_where
 from torch.distributed.run import get_args_parser
 from trainyard.config.instance_types import INSTANCE_TYPES, fabric_threshold
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import read_stack, render, settings_of
 from trainyard_train.commcheck import parse_args
 
 MODULE = "trainyard_train.commcheck"
@@ -23,15 +23,19 @@ def _container(job: dict[str, Any]) -> dict[str, Any]:
     return job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
 
 
-def test_one_check_per_efa_pool_and_none_elsewhere(prod: Recording, local: Recording) -> None:
-    efa_pools = [p.name for p in settings_of(read_stack("prod")).node_pools if p.efa]
-    assert efa_pools and set(_checks(prod)) == {f"fabric-check-{name}" for name in efa_pools}
-    assert _checks(local) == {}
-    assert _checks(render(read_stack("dev"))) == {}
+def test_the_fleet_checks_its_efa_pools(fleet: Recording) -> None:
+    assert set(_checks(fleet)) == {"fabric-check-h100", "fabric-check-h100-spot", "fabric-check-h200"}
 
 
-def test_check_is_a_gang_of_two_that_runs_once(prod: Recording) -> None:
-    for name, job in _checks(prod).items():
+@pytest.mark.parametrize("stack", every_stack())
+def test_one_check_per_efa_pool_and_none_elsewhere(stack: Stack) -> None:
+    settings = stack_settings(stack)
+    efa_pools = [p.name for p in settings.node_pools if p.efa] if settings.fabric_check.enabled else []
+    assert set(_checks(rendered(*stack))) == {f"fabric-check-{name}" for name in efa_pools}
+
+
+def test_check_is_a_gang_of_two_that_runs_once(fleet: Recording) -> None:
+    for name, job in _checks(fleet).items():
         spec = job["spec"]
         assert spec["minAvailable"] == spec["minSuccess"] == spec["tasks"][0]["replicas"] == 2, name
         assert spec["maxRetry"] == 0 and spec["policies"] == [{"event": "PodFailed", "action": "TerminateJob"}]
@@ -41,9 +45,9 @@ def test_check_is_a_gang_of_two_that_runs_once(prod: Recording) -> None:
         assert spec["queue"] and spec["schedulerName"] == "volcano"
 
 
-def test_check_takes_every_gpu_and_efa_device_of_a_node(prod: Recording) -> None:
+def test_check_takes_every_gpu_and_efa_device_of_a_node(fleet: Recording) -> None:
     for pool, types in {"h100": ["p5.48xlarge"], "h200": ["p5e.48xlarge", "p5en.48xlarge"]}.items():
-        job = _checks(prod)[f"fabric-check-{pool}"]
+        job = _checks(fleet)[f"fabric-check-{pool}"]
         template = job["spec"]["tasks"][0]["template"]["spec"]
         limits = _container(job)["resources"]["limits"]
         assert template["nodeSelector"] == {"trainyard.io/pool": pool}
@@ -55,11 +59,10 @@ def test_check_takes_every_gpu_and_efa_device_of_a_node(prod: Recording) -> None
         assert env["NCCL_NET"] == "Libfabric" and env["FI_PROVIDER"] == "efa"
 
 
-@pytest.mark.parametrize("stack", ["staging", "prod"])
-def test_command_line_parses_with_torchrun_and_the_checks_own_parser(stack: str) -> None:
-    file = read_stack(stack)
-    pools = {p.name: p for p in settings_of(file).node_pools}
-    checks = _checks(render(file))
+@pytest.mark.parametrize("stack", stacks_where(lambda s: bool(s.fabric_checked_pools)))
+def test_command_line_parses_with_torchrun_and_the_checks_own_parser(stack: Stack) -> None:
+    pools = {p.name: p for p in stack_settings(stack).node_pools}
+    checks = _checks(rendered(*stack))
     assert checks
     for name, job in checks.items():
         container = _container(job)
@@ -74,6 +77,6 @@ def test_command_line_parses_with_torchrun_and_the_checks_own_parser(stack: str)
         assert check.min_busbw_gbps == fabric_threshold(pool.instance_types, efa) > 0
 
 
-def test_check_conforms_to_the_volcano_job_schema(prod: Recording) -> None:
-    for record in fabric_checks(prod).values():
+def test_check_conforms_to_the_volcano_job_schema(fleet: Recording) -> None:
+    for record in fabric_checks(fleet).values():
         assert volcano_schema_errors(record) == []

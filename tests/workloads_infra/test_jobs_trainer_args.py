@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from jobs_render import training_jobs
-from trainyard.plan.runtime import read_stack, render, settings_of
+from owned_stacks import Stack, every_stack, stack_file
+from trainyard.plan.runtime import render, settings_of
 from trainyard_train.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "workloads" / "configs"
@@ -18,9 +19,9 @@ def _trainer_argv(job: dict) -> list[str]:
     return argv[argv.index("trainyard_train") + 1:]
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "local"])
-def test_every_job_passes_the_trainer_a_valid_config(stack: str) -> None:
-    file = read_stack(stack)
+@pytest.mark.parametrize("stack", every_stack())
+def test_every_job_passes_the_trainer_a_valid_config(stack: Stack) -> None:
+    file = stack_file(stack)
     jobs = {j.name: j for j in settings_of(file).workloads}
     rendered = training_jobs(render(file))
     assert set(rendered) == set(jobs)
