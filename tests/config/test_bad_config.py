@@ -173,6 +173,9 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
      "trainyard:addons.gpuHealth.failedHoldHours", "168"),
     ("cache-larger-than-storage-memory", _set("addons.alluxio.memoryCache", "200Gi"),
      "trainyard:addons.alluxio.memoryCache", "half of the smallest storage node"),
+    # 64Gi fits half of an i4i.8xlarge alone; with a 70Gi direct-memory ceiling the worker's request does not.
+    ("cache-jvm-larger-than-storage-memory", _set("addons.alluxio.workerDirectMemory", "70Gi"),
+     "trainyard:addons.alluxio.memoryCache", "direct memory (70Gi, workerDirectMemory)"),
     ("bad-taint-effect", _set("nodePools[2].taints", [{"key": "dedicated", "effect": "Never"}]),
      "trainyard:nodePools[2].taints[0].effect", "NoSchedule"),
     ("tracking-db-single-zone-in-prod", _set("addons.mlflow.database.multiAz", False),

@@ -10,6 +10,7 @@ import pytest
 from owned_stacks import Stack, stack_file, stack_settings, stacks_where
 from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.instance_types import INSTANCE_TYPES
+from trainyard.config.quantity import quantity_bytes
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
@@ -176,6 +177,41 @@ def test_master_on_system_nodes_workers_on_storage_nothing_tolerates_gpus(stack:
                for t in source["spec"]["tolerations"])
     for part in ("master", "worker", "fuse"):
         assert spec[part]["resources"]["requests"], part
+
+
+# Fluid's worker JVM when the runtime sets none (pkg/ddc/alluxio/transform_optimization.go optimizeDefaultForWorker
+# @ v1.0.8).
+FLUID_WORKER_JVM = ["-Xmx12G", "-XX:+UnlockExperimentalVMOptions", "-XX:MaxDirectMemorySize=32g"]
+_JVM_UNITS = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _jvm_bytes(options: list[str], flag: str) -> int:
+    (value,) = [o.removeprefix(flag) for o in options if o.startswith(flag)]
+    return int(value[:-1]) * _JVM_UNITS[value[-1].lower()] if value[-1].isalpha() else int(value)
+
+
+@pytest.mark.parametrize("stack", CACHE_STACKS)
+def test_a_worker_requests_its_tier_heap_and_direct_memory(stack: str) -> None:
+    """The MEM tier's tmpfs pages are charged to the worker's cgroup next to its JVM: a request of the tier alone
+    (the old 64Gi on prod) left the heap and direct buffers unreserved beside the OSDs (review finding 7)."""
+    (runtime,) = _objects(stack, "AlluxioRuntime")
+    worker = runtime["spec"]["worker"]
+    jvm = worker.get("jvmOptions") or FLUID_WORKER_JVM
+    tiers = sum(quantity_bytes(level["quota"]) for level in runtime["spec"]["tieredstore"]["levels"]
+                if level["mediumtype"] == "MEM")
+    holds = tiers + _jvm_bytes(jvm, "-Xmx") + _jvm_bytes(jvm, "-XX:MaxDirectMemorySize=")
+    assert quantity_bytes(worker["resources"]["requests"]["memory"]) >= holds
+
+
+@pytest.mark.parametrize("stack", CACHE_STACKS)
+def test_the_root_mount_is_read_only_in_alluxio(stack: str) -> None:
+    """A single mount at "/" becomes Alluxio's root UFS, where Fluid 1.0.8 applies no `readOnly` (transform.go sets
+    only alluxio.master.mount.table.root.ufs): the runtime says it (review finding 6)."""
+    (runtime,) = _objects(stack, "AlluxioRuntime")
+    source, _ = _source_and_tenants(stack)
+    (mount,) = source["spec"]["mounts"]
+    assert unified_namespace_path(mount) == "/" and mount["readOnly"] is True
+    assert runtime["spec"]["properties"]["alluxio.master.mount.table.root.readonly"] == "true"
 
 
 @pytest.mark.parametrize("stack", CACHE_STACKS)

@@ -381,8 +381,13 @@ class RookCephSettings(AddonSwitch):
 
 
 class AlluxioSettings(AddonSwitch):
-    # Memory of each cache worker (one per storage node, next to Ceph's OSDs).
+    # The memory tier of each cache worker (one per storage node, next to Ceph's OSDs).
     memory_cache: Size = "16Gi"
+    # The worker JVM's heap and direct-memory ceilings; the defaults are Fluid's own worker defaults (-Xmx12G,
+    # -XX:MaxDirectMemorySize=32g: pkg/ddc/alluxio/transform_optimization.go optimizeDefaultForWorker @ v1.0.8).
+    # The worker requests the tier plus both.
+    worker_heap: Size = "12Gi"
+    worker_direct_memory: Size = "32Gi"
     # Goes into the cache's IAM grant (`<bucket>/<prefix>*`) and its S3 mount: plain folders only (see
     # _dataset_prefix), or "" for the whole dataset bucket.
     dataset_prefix: Annotated[str, Field(max_length=512), AfterValidator(_dataset_prefix)] = "datasets/"

@@ -544,8 +544,9 @@ def _tracking(s: Settings) -> Iterator[Problem]:
 _CHECK_MINUTES = {1: 30, 2: 30, 3: 30, 4: 120}
 
 
-# The cache workers share storage nodes with Ceph (OSDs, MDS): their memory tier may take half of the smallest
-# node's memory, leaving the rest to Ceph and the kubelet.
+# The cache workers share storage nodes with Ceph (OSDs, MDS): what a worker may hold (its memory tier, JVM heap
+# and direct buffers, all requested) may take half of the smallest node's memory, leaving the rest to Ceph and
+# the kubelet.
 CACHE_MEMORY_SHARE = Decimal("0.5")
 
 
@@ -558,9 +559,13 @@ def _cache_on_storage_nodes(s: Settings) -> Iterator[Problem]:
     types = [t for p in storage for t in _pool_types(p)]
     smallest = min(t.memory_gib for t in types) if types else 0
     limit = Decimal(smallest) * CACHE_MEMORY_SHARE * 2**30
-    if smallest and parse_quantity(s.addons.alluxio.memory_cache) > limit:
-        yield Problem("addons.alluxio.memoryCache", f"{s.addons.alluxio.memory_cache} is more than half of the "
-                                                    f"smallest storage node's memory ({smallest}Gi), which Ceph shares")
+    cache = s.addons.alluxio
+    holds = sum(map(parse_quantity, (cache.memory_cache, cache.worker_heap, cache.worker_direct_memory)))
+    if smallest and holds > limit:
+        yield Problem("addons.alluxio.memoryCache",
+                      f"{cache.memory_cache} plus the worker's heap ({cache.worker_heap}, workerHeap) and direct "
+                      f"memory ({cache.worker_direct_memory}, workerDirectMemory) is more than half of the smallest "
+                      f"storage node's memory ({smallest}Gi), which Ceph shares")
 
 
 def _buckets(s: Settings) -> Iterator[Problem]:

@@ -30,6 +30,7 @@ from trainyard.cloud.iam import IRSA_ROLE_ANNOTATION
 from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.model import AlluxioSettings, Settings
+from trainyard.config.quantity import quantity_bytes
 from trainyard.names import ALLUXIO, DATASET_NAMESPACE, ROLE_LABEL
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
@@ -44,6 +45,7 @@ DATASET_NAME = "training-data"
 # The S3 mount of the source Dataset; its `path` "/" makes the S3 prefix the root of Alluxio's namespace.
 S3_MOUNT = "s3"
 REFERENCE_SCHEME = "dataset://"
+ROOT_READONLY = "alluxio.master.mount.table.root.readonly"
 # Tiers are filled top down and evicted between these watermarks.
 _HIGH, _LOW = "0.95", "0.7"
 _DEFAULT_ACCOUNT_IN_USE = ("the AlluxioRuntime CRD (Fluid 1.0.8) has no service-account field, so the cache runs "
@@ -60,8 +62,7 @@ NVME_CACHE_DIR = f"{CACHE_MOUNT}/alluxio"
 FUSE_HEAP = ["-Xmx16G", "-Xms4G", "-XX:+UseG1GC", "-XX:MaxDirectMemorySize=32g"]
 # Requests, no limits: the MEM tier's tmpfs pages are charged to the worker's memory cgroup, so a limit would
 # OOM-kill a full cache; requests make the scheduler reserve what the pods use next to the OSDs and trainers.
-# A worker reserves its tier (its JVM heap, Fluid's default -Xmx12G from optimizeDefaultForWorker, bursts on top);
-# FUSE reserves the heap it starts with.
+# A worker reserves all it may hold (worker_memory); FUSE reserves the heap it starts with.
 _MASTER_REQUESTS = {"cpu": "500m", "memory": "4Gi"}
 _WORKER_CPU = "2"
 _FUSE_REQUESTS = {"cpu": "1", "memory": "4Gi"}
@@ -179,6 +180,19 @@ def fuse_options(cache_bytes: int) -> list[str]:
             f"-Dalluxio.user.client.cache.size={cache_bytes // 2**20}MB"]
 
 
+def worker_jvm_options(cache: AlluxioSettings) -> list[str]:
+    # Setting jvmOptions replaces Fluid's worker defaults (optimizeDefaultForWorker @ v1.0.8), so the ceilings the
+    # request counts are the ones the JVM runs with. In MiB: the JVM's own suffixes are binary (g = 2^30).
+    return [f"-Xmx{quantity_bytes(cache.worker_heap) // 2**20}m", "-XX:+UnlockExperimentalVMOptions",
+            f"-XX:MaxDirectMemorySize={quantity_bytes(cache.worker_direct_memory) // 2**20}m"]
+
+
+def worker_memory(cache: AlluxioSettings) -> int:
+    """Bytes a cache worker may hold: its MEM tier (tmpfs pages on /dev/shm, charged to its cgroup), its heap and its
+    direct buffers."""
+    return sum(quantity_bytes(q) for q in (cache.memory_cache, cache.worker_heap, cache.worker_direct_memory))
+
+
 def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
     cache = args.settings
     repository, _, tag = IMAGE.rpartition(":")
@@ -189,6 +203,11 @@ def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
         "spec": {
             "replicas": args.workers,
             "alluxioVersion": {"image": repository, "imageTag": tag},
+            # The S3 root mount is read-only in Alluxio too: for a single mount at "/" Fluid only sets the root UFS
+            # (pkg/ddc/alluxio/transform.go @ v1.0.8), so the mount's readOnly never applies, and Fluid's own
+            # readonly default is commented out (transform_optimization.go l.62). Key: Alluxio 2.9
+            # core/common/src/main/java/alluxio/conf/PropertyKey.java MASTER_MOUNT_TABLE_ROOT_READONLY.
+            "properties": {ROOT_READONLY: "true"},
             "tieredstore": {"levels": [
                 {"mediumtype": "MEM", "path": "/dev/shm", "quota": cache.memory_cache, "high": _HIGH, "low": _LOW},
             ]},
@@ -199,7 +218,9 @@ def alluxio_runtime(args: AlluxioArgs) -> dict[str, Any]:
             "master": {"nodeSelector": {ROLE_LABEL: "system"}, "networkMode": "ContainerNetwork",
                        "resources": {"requests": dict(_MASTER_REQUESTS)}},
             "worker": {"nodeSelector": {ROLE_LABEL: "storage"}, "networkMode": "ContainerNetwork",
-                       "resources": {"requests": {"cpu": _WORKER_CPU, "memory": cache.memory_cache}}},
+                       "jvmOptions": worker_jvm_options(cache),
+                       "resources": {"requests": {"cpu": _WORKER_CPU,
+                                                  "memory": f"{-(-worker_memory(cache) // 2**20)}Mi"}}},
             # The FUSE hostPath exists on GPU nodes only (prepare-node.sh mounts the array there; `Directory`, not
             # `DirectoryOrCreate`: a node without its array must not fill the root volume with cache pages).
             "volumes": [{"name": NVME_VOLUME, "hostPath": {"path": CACHE_MOUNT, "type": "Directory"}}],
