@@ -5,7 +5,7 @@
 #   wait   (kubectl image, init)  GPU Operator validation files and, on a MIG pool, mig-manager's state label
 #   probe  (DCGM image, init)     the pool's DCGM check (whole GPUs: dcgmi diag at DIAG_LEVEL; MIG pools: DCGM
 #                                 health watches and the MIG devices against the layout), GPU count and memory
-#                                 (nvidia-smi), EFA devices
+#                                 (nvidia-smi), EFA devices, the filesystem at the NVMe cache mount
 #   admit  (kubectl image)        compare with the pool's expectations; on pass remove the startup taint, on
 #                                 fail add the failure taint; label the node and record an Event either way
 #
@@ -24,6 +24,9 @@ STATE_DIR=${STATE_DIR:-/run/gpu-health}
 VALIDATIONS_DIR=${VALIDATIONS_DIR:-/run/nvidia/validations}
 EXPECTED=${EXPECTED:-/etc/gpu-health/expected.tsv}
 EFA_SYSFS=${EFA_SYSFS:-/host/sys/class/infiniband}
+# Where the probe sees host paths (the host's /mnt at $HOST_ROOT/mnt), and the mount table that shows them.
+HOST_ROOT=${HOST_ROOT:-/host}
+MOUNTINFO=${MOUNTINFO:-/proc/self/mountinfo}
 WAIT_SECONDS=${WAIT_SECONDS:-1800}
 POLL_SECONDS=${POLL_SECONDS:-10}
 DIAG_LEVEL=${DIAG_LEVEL:-1}
@@ -54,12 +57,12 @@ node_label() {
   kubectl get node "$NODE_NAME" -o "go-template={{with index .metadata.labels \"$1\"}}{{.}}{{end}}"
 }
 
-# Expectations row for this node: gpus memory_mib efa mig_layout mig_devices check ("-" = none). Empty when
-# unknown.
+# Expectations row for this node: gpus memory_mib efa mig_layout mig_devices check nvme_cache ("-" = none).
+# Empty when unknown.
 expectation() {
   local pool=$1 type=$2
-  awk -v pool="$pool" -v type="$type" '!/^#/ && $1 == pool && $2 == type {print $3, $4, $5, $6, $7, $8; exit}' \
-    "$EXPECTED"
+  awk -v pool="$pool" -v type="$type" \
+    '!/^#/ && $1 == pool && $2 == type {print $3, $4, $5, $6, $7, $8, ($9 == "" ? "-" : $9); exit}' "$EXPECTED"
 }
 
 missing_validations() {
@@ -71,7 +74,7 @@ missing_validations() {
 }
 
 step_wait() {
-  local deadline=$((SECONDS + WAIT_SECONDS)) missing row layout check state=none efa_requested
+  local deadline=$((SECONDS + WAIT_SECONDS)) missing row layout check cache state=none efa_requested
   missing=$(missing_validations)
   while [[ -n "$missing" && $SECONDS -lt $deadline ]]; do
     sleep "$POLL_SECONDS"
@@ -80,6 +83,7 @@ step_wait() {
   row=$(expectation "$(node_label "$POOL_LABEL")" "$(node_label node.kubernetes.io/instance-type)")
   layout=$(awk '{print $4}' <<< "$row")
   check=$(awk '{print $6}' <<< "$row")
+  cache=$(awk '{print $7}' <<< "$row")
   if [[ -n "$layout" && "$layout" != "-" ]]; then
     # mig-manager sets pending, rebooting, then success or failed (NVIDIA/mig-parted reconfigure script).
     state=$(node_label nvidia.com/mig.config.state)
@@ -96,7 +100,7 @@ step_wait() {
     '[.items[] | select(.status.nodeName == $node) | .spec.resources.requests["vpc.amazonaws.com/efa"] // empty]
      | first // empty' || true)
   { echo "validations=${missing:+missing}"; echo "mig_state=$state"; echo "efa_requested=${efa_requested:-0}"
-    echo "check=${check:-dcgm-diag}"; } > "$STATE_DIR/wait.env"
+    echo "check=${check:-dcgm-diag}"; echo "cache_mount=${cache:--}"; } > "$STATE_DIR/wait.env"
   log "validations ${missing:-ready}, MIG state $state, EFA requested ${efa_requested:-0}, check ${check:-dcgm-diag}"
 }
 
@@ -123,8 +127,15 @@ mig_devices() {
     | LC_ALL=C sort | paste -sd, -
 }
 
+# The filesystem type mounted at host PATH (seen under HOST_ROOT), or "none" (mountinfo: mount point in field 5,
+# the type after the "-" separator; proc(5)).
+cache_fs() {
+  awk -v mp="$HOST_ROOT$1" '$5 == mp {for (i = 7; i <= NF; i++) if ($i == "-") {type = $(i + 1); break}}
+                     END {print (type == "" ? "none" : type)}' "$MOUNTINFO"
+}
+
 step_probe() {
-  local diag=skipped health=skipped mig=- gpus=0 memory=0 efa=0 engine
+  local diag=skipped health=skipped mig=- gpus=0 memory=0 efa=0 cache=- engine
   # shellcheck source=/dev/null
   source "$STATE_DIR/wait.env"
   if [[ -z "${validations:-}" ]]; then
@@ -153,10 +164,11 @@ step_probe() {
   if [[ -d "$EFA_SYSFS" ]]; then
     efa=$(find "$EFA_SYSFS" -mindepth 1 -maxdepth 1 | wc -l)
   fi
+  if [[ "${cache_mount:--}" != - ]]; then cache=$(cache_fs "$cache_mount"); fi
   { echo "diag=$diag"; echo "health=$health"; echo "mig_devices=${mig:--}"; echo "gpus=$gpus"
-    echo "memory_mib=$memory"; echo "efa=$efa"; } > "$STATE_DIR/probe.env"
+    echo "memory_mib=$memory"; echo "efa=$efa"; echo "cache_fs=$cache"; } > "$STATE_DIR/probe.env"
   log "diag level $DIAG_LEVEL $diag, health $health, MIG devices ${mig:--}, $gpus GPUs, smallest ${memory} MiB," \
-      "$efa EFA devices"
+      "$efa EFA devices, ${cache_mount:--}: $cache"
 }
 
 # Total of a profile=count,... list ("-" or empty: 0).
@@ -171,7 +183,7 @@ decide() {
   if [[ -z "$row" ]]; then
     echo "no-expectation"; return
   fi
-  read -r want_gpus want_mib want_efa layout want_mig check <<< "$row"
+  read -r want_gpus want_mib want_efa layout want_mig check want_cache <<< "$row"
   if [[ "${validations:-}" == missing ]]; then
     echo "gpu-operator-validation-timeout"; return
   fi
@@ -200,6 +212,11 @@ decide() {
   fi
   if (( ${efa_requested:-0} > 0 && ${efa:-0} < want_efa )); then
     echo "efa-devices-${efa:-0}-of-${want_efa}"; return
+  fi
+  # prepare-node.sh mounts the instance store there as XFS, or refuses (foreign data) and leaves no mount: the
+  # dataset cache's FUSE pod, whose hostPath must exist, would then hold a training pod in ContainerCreating.
+  if [[ "$want_cache" != - && "${cache_fs:-none}" != xfs ]]; then
+    echo "nvme-cache-${cache_fs:-none}"; return
   fi
 }
 

@@ -171,8 +171,9 @@ def test_the_script_and_the_expectations_ship_verbatim() -> None:
     assert data["gpu-health-check.sh"] == SCRIPT.read_text()
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in data["expected.tsv"].splitlines()
             if not line.startswith("#")}
-    assert rows[("h100", "p5.48xlarge")] == ["8", "81920", "32", "-", "-", "dcgm-diag"]  # EFA: 32 EFA devices
-    assert rows[("h200", "p5en.48xlarge")] == ["8", "144384", "16", "-", "-", "dcgm-diag"]
+    # EFA: 32 EFA devices; the fleet runs the dataset cache, whose FUSE pods need the NVMe cache mount.
+    assert rows[("h100", "p5.48xlarge")] == ["8", "81920", "32", "-", "-", "dcgm-diag", "/mnt/trainyard-cache"]
+    assert rows[("h200", "p5en.48xlarge")] == ["8", "144384", "16", "-", "-", "dcgm-diag", "/mnt/trainyard-cache"]
     assert rows[("h100-mig", "p5.48xlarge")][3] != "-"  # MIG pool: the layout must be applied
 
 
@@ -180,7 +181,7 @@ def test_expectations_need_efa_only_on_efa_pools() -> None:
     pool = PoolFacts(name="p", role="gpu", node_labels={}, taints=(), zones=("a",), efa_interfaces=0,
                      gpu=GpuModel.A100_40GB, instance_types=("p4d.24xlarge",), mig_layout="balanced")
     assert expectations([pool]).splitlines()[1] == \
-        "p p4d.24xlarge 8 40960 0 balanced 1g.5gb=16,2g.10gb=8,3g.20gb=8 dcgm-health"
+        "p p4d.24xlarge 8 40960 0 balanced 1g.5gb=16,2g.10gb=8,3g.20gb=8 dcgm-health -"
 
 
 @pytest.mark.parametrize("stack", ADMITTING)
@@ -197,10 +198,37 @@ def test_mig_partitioned_pools_are_admitted_without_the_diagnostic(stack: Stack)
         for itype in pool.instance_types:
             gpu = INSTANCE_TYPES[itype]
             slices = mig.slices(pool.mig_layout, gpu.gpu) if pool.mig_layout and gpu.gpu else {}
-            *_, devices, check = rows[(pool.name, itype)]
+            *_, devices, check, _cache = rows[(pool.name, itype)]
             assert check == ("dcgm-health" if slices else "dcgm-diag"), (pool.name, itype)
             wanted = {p: n * gpu.gpu_count for p, n in slices.items()}
             assert devices == (",".join(f"{p}={n}" for p, n in sorted(wanted.items())) or "-"), (pool.name, itype)
+
+
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_nodes_are_admitted_only_with_the_nvme_cache_the_dataset_cache_mounts(stack: Stack) -> None:
+    """A node whose instance store prepare-node.sh refused has no cache mount; the dataset cache's FUSE pod mounts
+    it as a hostPath of type Directory and would never start there, holding the training pod in ContainerCreating
+    (review-incluster finding 2). So admission requires the mount on every type with instance store."""
+    recording = _recording(stack)
+    runtimes = [manifest_of(r) for r in recording.resources if r.type.endswith(":AlluxioRuntime")]
+    fuse_paths = {v["hostPath"]["path"] for r in runtimes for v in r["spec"].get("volumes", ())
+                  if v.get("hostPath", {}).get("type") == "Directory"}
+    data = _objects(recording, "ConfigMap")["gpu-health-check"]["data"]
+    rows = {tuple(line.split()[:2]): line.split()[-1] for line in data["expected.tsv"].splitlines()
+            if not line.startswith("#")}
+    for pool in settings_of(read_stack(*stack)).pools("gpu"):
+        for itype in pool.instance_types:
+            (path,) = fuse_paths if fuse_paths and INSTANCE_TYPES[itype].nvme_devices else ("-",)
+            assert rows[(pool.name, itype)] == path, (pool.name, itype)
+    # The probe sees the host's mounts under the cache's parent (HOST_ROOT + parent), submounts included.
+    spec = _daemonset(recording)["spec"]["template"]["spec"]
+    (probe,) = [c for c in spec["initContainers"] if c["name"] == "probe"]
+    host_root = {e["name"]: e.get("value") for e in probe["env"]}["HOST_ROOT"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for path in fuse_paths:
+        assert any(path.startswith(volumes[m["name"]].get("hostPath", {}).get("path", "//") + "/")
+                   and m["mountPath"] == host_root + volumes[m["name"]]["hostPath"]["path"]
+                   for m in probe["volumeMounts"]), probe["volumeMounts"]
 
 
 def test_the_script_uses_the_keys_the_component_and_karpenter_use() -> None:

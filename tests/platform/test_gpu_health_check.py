@@ -26,13 +26,15 @@ STARTUP = "trainyard.io/gpu-health"
 FAILED = "trainyard.io/gpu-health-failed"
 
 # What the component renders from the instance-type and MIG tables: pool, type, GPUs, MiB per GPU, EFA devices, MIG
-# layout, MIG devices per node, DCGM check.
+# layout, MIG devices per node, DCGM check, NVMe cache mount.
 EXPECTED = """\
-# pool instance-type gpus gpu-memory-mib efa-devices mig-layout mig-devices check
-h100 p5.48xlarge 8 81920 32 - - dcgm-diag
-h100-mig p5.48xlarge 8 81920 0 balanced 1g.10gb=16,2g.20gb=8,3g.40gb=8 dcgm-health
-l4 g6.12xlarge 4 24576 0 - - dcgm-diag
+# pool instance-type gpus gpu-memory-mib efa-devices mig-layout mig-devices check nvme-cache
+h100 p5.48xlarge 8 81920 32 - - dcgm-diag /mnt/trainyard-cache
+h100-mig p5.48xlarge 8 81920 0 balanced 1g.10gb=16,2g.20gb=8,3g.40gb=8 dcgm-health -
+l4 g6.12xlarge 4 24576 0 - - dcgm-diag -
 """
+# A mountinfo line (proc(5)) for the cache as the probe sees it under HOST_ROOT.
+MOUNTINFO = "1502 1490 259:9 / {host}/mnt/trainyard-cache ro,noatime master:418 - {fs} /dev/md127 ro,attr2\n"
 BALANCED = {"1g.10gb": 16, "2g.20gb": 8, "3g.40gb": 8}
 
 # kubectl: reads and edits nodes kept as JSON (by name), appends created objects to events.json, records deleted
@@ -158,6 +160,8 @@ class Node:
     # What the node's NodeClaim requests of vpc.amazonaws.com/efa ("" when nothing: launched for non-EFA pods).
     efa_requested: str = "32"
     diag_rc: int = 0
+    # The filesystem at the NVMe cache mount ("": nothing mounted, as after prepare-node refused the devices).
+    cache_fs: str = "xfs"
     # DCGM's overall health ("" when no report comes) and the MIG devices nvidia-smi lists, profile -> count.
     health: str = "Healthy"
     mig: dict[str, int] = field(default_factory=dict)
@@ -233,9 +237,12 @@ def _lines(path: Path) -> list[str]:
 def run_check(tmp_path: Path, node: Node, *, diag_level: int = 2, wait_seconds: int = 0,
               steps: tuple[str, ...] = ("wait", "probe", "admit")) -> Run:
     fakes, state = _fakes(tmp_path)
-    validations, efa, shared = (tmp_path / d for d in ("validations", "efa", "run"))
-    for directory in (validations, efa, shared):
+    validations, efa, shared, host = (tmp_path / d for d in ("validations", "efa", "run", "host"))
+    for directory in (validations, efa, shared, host):
         directory.mkdir(parents=True)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 259:1 / / rw,noatime shared:1 - xfs /dev/nvme0n1p1 rw\n"
+                         + (MOUNTINFO.format(host=host, fs=node.cache_fs) if node.cache_fs else ""))
     for name in node.validations:
         (validations / name).touch()
     for index in range(node.efa):
@@ -246,6 +253,7 @@ def run_check(tmp_path: Path, node: Node, *, diag_level: int = 2, wait_seconds: 
     env = {
         "PATH": f"{fakes}:{os.environ['PATH']}", "NODE_NAME": NODE, "NAMESPACE": "gpu-health",
         "STATE_DIR": str(shared), "VALIDATIONS_DIR": str(validations), "EFA_SYSFS": str(efa),
+        "HOST_ROOT": str(host), "MOUNTINFO": str(mountinfo),
         "EXPECTED": str(expected), "WAIT_SECONDS": str(wait_seconds), "POLL_SECONDS": "0",
         "DIAG_LEVEL": str(diag_level), "MIN_MEMORY_PERCENT": "90", "HEALTH_WATCH_SECONDS": "0",
         "FAKE_STATE": str(state), "FAKE_DIAG_RC": str(node.diag_rc), "FAKE_HEALTH": node.health,
@@ -279,10 +287,19 @@ def test_a_healthy_node_loses_its_startup_taint_and_is_labelled_passed(tmp_path:
     assert [line[3] for line in order[:2]] == [f"{FAILED}:NoSchedule-", f"{STARTUP}:NoSchedule-"]
 
 
+def test_a_node_whose_nvme_cache_is_not_mounted_is_not_admitted(tmp_path: Path) -> None:
+    """prepare-node.sh refuses instance store holding foreign data and leaves no cache mount; admitted, the node
+    would get training pods whose dataset FUSE pod never starts (its hostPath is missing): review finding 2."""
+    run = run_check(tmp_path, Node(cache_fs=""))
+    assert run.taints == {STARTUP: "pending", FAILED: "nvme-cache-none"}
+    assert run.state["cache_fs"] == "none"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("node", "reason"),
     [
+        (Node(cache_fs="ext4"), "nvme-cache-ext4"),
         (Node(diag_rc=226), "dcgm-diag-level-2-fail"),
         (Node(gpu_mib=(81559,) * 7), "gpu-count-7-of-8"),
         # 90% of 81920 MiB is 73728 MiB: a GPU reporting less is not the part the instance type promises.
@@ -294,8 +311,8 @@ def test_a_healthy_node_loses_its_startup_taint_and_is_labelled_passed(tmp_path:
         (Node(pool="h100-mig", efa=0), "mig-config-unset"),
         (Node(pool="a100"), "no-expectation"),
     ],
-    ids=["diag", "gpu-count", "gpu-memory", "efa", "efa-none", "validation", "mig-failed", "mig-never-applied",
-         "unknown-pool"],
+    ids=["cache-foreign-fs", "diag", "gpu-count", "gpu-memory", "efa", "efa-none", "validation", "mig-failed",
+         "mig-never-applied", "unknown-pool"],
 )
 def test_a_failed_check_keeps_the_startup_taint_adds_the_failure_taint_and_names_the_reason(
         tmp_path: Path, node: Node, reason: str) -> None:
@@ -319,8 +336,9 @@ def test_near_misses_pass(tmp_path: Path) -> None:
     # A node of an EFA pool launched for pods that request no EFA (a single-node job) has no EFA interface.
     single = run_check(tmp_path / "single", Node(efa=0, efa_requested=""))
     assert single.labels["trainyard.io/gpu-health"] == "passed"
-    # Non-EFA pools expect no EFA device at all.
-    l4 = run_check(tmp_path / "l4", Node(pool="l4", instance_type="g6.12xlarge", gpu_mib=(23034,) * 4, efa=0))
+    # Non-EFA pools expect no EFA device at all, and a pool without the dataset cache no cache mount.
+    l4 = run_check(tmp_path / "l4", Node(pool="l4", instance_type="g6.12xlarge", gpu_mib=(23034,) * 4, efa=0,
+                                         cache_fs=""))
     assert l4.labels["trainyard.io/gpu-health"] == "passed"
 
 
@@ -391,8 +409,8 @@ def test_wait_and_probe_only_record_what_they_saw(tmp_path: Path) -> None:
     assert run.taints == {STARTUP: "pending"}
     assert all(line.startswith("get node") for line in run.kubectl)
     assert run.state == {"validations": "", "mig_state": "none", "efa_requested": "32", "check": "dcgm-diag",
-                         "diag": "fail", "health": "skipped", "mig_devices": "-", "gpus": "8", "memory_mib": "81559",
-                         "efa": "32"}
+                         "cache_mount": "/mnt/trainyard-cache", "diag": "fail", "health": "skipped",
+                         "mig_devices": "-", "gpus": "8", "memory_mib": "81559", "efa": "32", "cache_fs": "xfs"}
 
 
 def test_the_script_refuses_an_unknown_step(tmp_path: Path) -> None:

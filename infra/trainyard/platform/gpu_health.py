@@ -4,8 +4,9 @@ Each GPU NodePool starts its nodes with the startup taint `trainyard.io/gpu-heal
 The DaemonSet runs on GPU nodes not yet labelled `trainyard.io/gpu-health=passed` and runs
 `platform/gpu-health/gpu-health-check.sh` in three containers: wait for the GPU Operator's validation (and the
 MIG layout on MIG pools), run the pool's DCGM check (diagnostics on whole GPUs; health watches and the MIG devices
-against the layout on MIG pools, where dcgmi diag refuses to run) and count GPUs, GPU memory and EFA devices, then
-compare with the pool's expectations rendered here from the instance-type and MIG tables. A pass removes the
+against the layout on MIG pools, where dcgmi diag refuses to run), count GPUs, GPU memory and EFA devices and, where
+the dataset cache runs, look for the NVMe cache filesystem prepare-node.sh mounts, then compare with the pool's
+expectations rendered here from the instance-type and MIG tables. A pass removes the
 startup taint and labels the node passed, which takes the node out of the DaemonSet; a failure adds the
 `trainyard.io/gpu-health-failed` taint (reason as value), labels the reason and records an Event.
 
@@ -22,6 +23,7 @@ pools and `addons.gpuHealth.enabled`.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ import yaml
 
 from trainyard import names
 from trainyard.cloud.context import ClusterContext, PoolFacts
+from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import MigCatalog, load_mig_catalog
@@ -58,6 +61,10 @@ KUBECTL_IMAGE: str = IMAGES["kubectl"]
 UNPRIVILEGED_USER = 65532
 # Written by the GPU Operator's validator (NVIDIA/gpu-operator validator, /run/nvidia/validations).
 VALIDATIONS_HOST_PATH = "/run/nvidia/validations"
+# The probe sees host paths under /host: the cache's parent, submounts included (CRI bind mounts are recursive), to
+# find the NVMe cache mount. Not the cache itself: a missing hostPath is created (empty type) or blocks the pod.
+HOST_ROOT = "/host"
+CACHE_PARENT = posixpath.dirname(CACHE_MOUNT)
 
 
 # Why the DaemonSet does not pass these Checkov checks (checkov.io/skip<N> annotations, tests/review).
@@ -95,6 +102,9 @@ class GpuHealthArgs:
     settings: GpuHealthSettings
     # platform/gpu-health/gpu-health-check.sh, verbatim.
     script: str
+    # Whether the dataset cache runs: its FUSE pods mount the NVMe cache of every GPU node that has instance store
+    # (platform/alluxio.py, hostPath of type Directory), so a node without it must not be admitted.
+    dataset_cache: bool = False
     depends_on: Sequence[pulumi.Resource] = ()
 
 
@@ -118,11 +128,12 @@ def admission_check(pool: PoolFacts, instance_type: str, mig: MigCatalog) -> str
     return HEALTH_CHECK if mig_devices(pool, instance_type, mig) else DIAG_CHECK
 
 
-def expectations(pools: Sequence[PoolFacts], mig: MigCatalog | None = None) -> str:
+def expectations(pools: Sequence[PoolFacts], mig: MigCatalog | None = None, dataset_cache: bool = False) -> str:
     """One row per pool and instance type: GPUs, nominal MiB per GPU, EFA devices required, MIG layout, the MIG
-    devices it must show (profile=count, byte order, as the script lists them) and the DCGM check."""
+    devices it must show (profile=count, byte order, as the script lists them), the DCGM check and the NVMe cache
+    mount it must carry ("-": none)."""
     mig = mig or load_mig_catalog()
-    rows = ["# pool instance-type gpus gpu-memory-mib efa-devices mig-layout mig-devices check"]
+    rows = ["# pool instance-type gpus gpu-memory-mib efa-devices mig-layout mig-devices check nvme-cache"]
     for pool in pools:
         for name in pool.instance_types:
             it = INSTANCE_TYPES[name]
@@ -130,8 +141,11 @@ def expectations(pools: Sequence[PoolFacts], mig: MigCatalog | None = None) -> s
             # (platform/karpenter.py); the check requires them when the node's NodeClaim requested EFA.
             efa = pool.efa_interfaces
             devices = ",".join(f"{p}={n}" for p, n in sorted(mig_devices(pool, name, mig).items())) or "-"
+            # prepare-node.sh builds the cache from the instance store of every GPU node that has one, and refuses
+            # (leaving no mount) when the devices hold foreign data.
+            cache = CACHE_MOUNT if dataset_cache and it.nvme_devices else "-"
             rows.append(f"{pool.name} {name} {it.gpu_count} {it.gpu_memory_gib * 1024} {efa} "
-                        f"{pool.mig_layout or '-'} {devices} {admission_check(pool, name, mig)}")
+                        f"{pool.mig_layout or '-'} {devices} {admission_check(pool, name, mig)} {cache}")
     return "\n".join(rows) + "\n"
 
 
@@ -151,6 +165,7 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
         {"name": "WAIT_SECONDS", "value": str(settings.wait_minutes * 60)},
         {"name": "DIAG_LEVEL", "value": str(settings.diag_level)},
         {"name": "MIN_MEMORY_PERCENT", "value": str(settings.min_memory_percent)},
+        {"name": "HOST_ROOT", "value": HOST_ROOT},
         # kubectl keeps its discovery cache under $HOME; the root filesystem is read-only.
         {"name": "HOME", "value": STATE_DIR},
     ]
@@ -193,7 +208,9 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
                      "securityContext": {"privileged": True},
                      "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
                      "volumeMounts": [script_mount, state_mount,
-                                      {"name": "sys-class", "mountPath": "/host/sys/class", "readOnly": True}]},
+                                      {"name": "sys-class", "mountPath": "/host/sys/class", "readOnly": True},
+                                      {"name": "cache-parent", "mountPath": HOST_ROOT + CACHE_PARENT, "readOnly": True,
+                                       "mountPropagation": "HostToContainer"}]},
                 ],
                 "containers": [
                     # Stays up after deciding: a failed node keeps its pod (and logs) for inspection.
@@ -209,6 +226,7 @@ def daemonset_spec(args: GpuHealthArgs) -> dict[str, Any]:
                                                          "type": "DirectoryOrCreate"}},
                     # /sys/class/infiniband exists only with EFA devices: mount its parent.
                     {"name": "sys-class", "hostPath": {"path": "/sys/class", "type": "Directory"}},
+                    {"name": "cache-parent", "hostPath": {"path": CACHE_PARENT, "type": "DirectoryOrCreate"}},
                 ],
             },
         },
@@ -313,7 +331,9 @@ class GpuHealth(pulumi.ComponentResource):
             opts=k8s_options(cluster, self, [event_role, account, reaper_account]))
         script = k8s.core.v1.ConfigMap(
             f"{name}-script", metadata=in_namespace,
-            data={SCRIPT_KEY: args.script, EXPECTED_KEY: expectations(args.gpu_pools)}, opts=after_namespace)
+            data={SCRIPT_KEY: args.script,
+                  EXPECTED_KEY: expectations(args.gpu_pools, dataset_cache=args.dataset_cache)},
+            opts=after_namespace)
         # Nothing connects to the check: all ingress denied; egress (the API server) stays open.
         k8s.networking.v1.NetworkPolicy(f"{name}-deny-ingress", metadata=in_namespace, spec=deny_ingress,
                                         opts=after_namespace)
@@ -336,7 +356,8 @@ def _role_ref(kind: str, name: str = NAME) -> Any:
 def build(ctx: AddonContext) -> GpuHealth:
     return GpuHealth(ctx.addon.resource_name, GpuHealthArgs(
         cluster=ctx.cluster, gpu_pools=ctx.cluster.pools_with("gpu"), settings=ctx.settings(GpuHealthSettings),
-        script=SCRIPT.read_text(encoding="utf-8"), depends_on=ctx.after))
+        script=SCRIPT.read_text(encoding="utf-8"), dataset_cache=any(a.name == "alluxio" for a in ctx.enabled),
+        depends_on=ctx.after))
 
 
 def _has_gpu_pools(stack: Settings) -> bool:
