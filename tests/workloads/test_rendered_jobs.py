@@ -20,7 +20,7 @@ from rendered_jobs import (
 )
 from trainyard.plan.runtime import available_stacks
 from trainyard_train.checkpoint import COMMIT, complete_checkpoints
-from trainyard_train.exitcodes import CONFIG_ERROR, CRASH, STOPPED
+from trainyard_train.exitcodes import CONFIG_ERROR, CRASH, STOPPED, STORE_LOST
 
 pytestmark = pytest.mark.slow
 JOBS = [job for stack in available_stacks() for job in rendered_training_jobs(stack)]
@@ -32,6 +32,8 @@ def intended(job: RenderedJob, exit_code: int) -> str:
         return "TerminateJob"  # final: no retry can fix it
     if job.job.kind == "smoke":
         return "TerminateJob"  # a smoke test that fails must show as failed
+    if exit_code == STORE_LOST:
+        return "RestartJob"  # worker-0 took the rendezvous store: every survivor fails, the job restarts once
     return "RestartPod"  # a lost or crashed pod alone; the others go on
 
 
@@ -113,6 +115,16 @@ def test_rendered_job_runs_and_fails_as_its_policies_intend(job: RenderedJob, tm
             assert start["world_size"] == world(job, high) and start["step"] == stopped["step"]
             assert cluster.events()[-1] == {**cluster.events()[-1], "event": "done", "step": stopped["step"] + 1}
             assert_nothing_lost(cluster, before)
+
+        # worker-0's node lost (its pod killed outright): the c10d store it hosted goes with it, and every other
+        # pod ends with the store-lost code, which restarts the job once (review-incluster finding 1).
+        if high > 1:
+            last = max((e.get("step", 0) for e in cluster.events()), default=0)
+            pods = cluster.start(high, "train.steps=100000")
+            cluster.wait_for_event(pods, lambda e: e["event"] == "step" and e["step"] > last)
+            kill(pods[:1])
+            assert wait_all(pods[1:]) == [STORE_LOST] * (high - 1), "\n".join(p.output()[-3000:] for p in pods[1:])
+            assert volcano_action(policies, STORE_LOST) == intended(job, STORE_LOST)
     finally:
         kill(pods)
 

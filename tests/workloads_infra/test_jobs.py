@@ -28,6 +28,7 @@ from trainyard.workloads.launch import (
     RDZV_LAST_CALL_TIMEOUT,
     RDZV_PORT,
     SINGLE_NODE_WRAPPER,
+    STORE_LOST_EXIT_CODE,
     TRAINER_ELASTIC_WRAPPER,
 )
 
@@ -91,8 +92,11 @@ def test_elastic_restart_policies_restart_only_the_lost_pod(fleet: Recording) ->
     spec = _job(fleet, "pretrain-h100").inputs["spec"]
     # In order: the config-error exit code ends the job before the PodFailed policy could restart it; any other
     # failed pod (an evicted one turns Failed first) is recreated alone, never the whole gang.
+    # The rendezvous store's loss (worker-0 gone) fails every other pod with one code: one RestartJob, not a
+    # RestartPod (and a retry) per survivor.
     assert spec["policies"] == [
         {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"},
+        {"exitCode": STORE_LOST_EXIT_CODE, "action": "RestartJob"},
         {"event": "PodFailed", "action": "RestartPod"},
     ]
     # Never: a non-zero exit fails the pod, the only time Volcano reads its exit code (no in-place restart).

@@ -6,7 +6,8 @@ It takes torchrun's command line unchanged and exits with one of ``exitcodes.py`
 
 1. The trainer part of the line is validated first (preflight.py): a config error is one line and exit 2,
    before any rendezvous.
-2. torchrun's agent then runs the workers and restarts them after a crash, as torchrun does.
+2. torchrun's agent then runs the workers and restarts them after a crash, as torchrun does. An unreachable
+   rendezvous store (its host, worker-0's agent, is gone, or never came up) ends the agent with STORE_LOST.
 3. A worker that finds a final condition after the rendezvous (a config error only the world size or the
    data reveal, a run directory it must not touch, a diverged loss, a signal delivered to it) prints its line
    first, then asks this agent to end with that code (``signals.final_exit``): it writes the code into the
@@ -34,12 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from torch.distributed import DistNetworkError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 from .config import ConfigError
-from .exitcodes import CRASH, FINAL_WORKER_CODES, signal_exit_code
+from .exitcodes import CRASH, FINAL_WORKER_CODES, STORE_LOST, signal_exit_code
 from .preflight import check_command_line, report
 from .signals import AGENT_DIR_ENV, EXIT_CODE_FILE, STOPPING_FILE
 
@@ -87,7 +90,13 @@ class _Agent:
             code = self.requested_code() or (final[0] if final else CRASH)
             say(f"workers failed with exit codes {codes} and no restarts left (exit {code})")
             return code
-        except Exception as exc:  # noqa: BLE001 - rendezvous and store errors: one line, the crash class
+        # torch 2.13: the c10d backend turns every failed store call into RendezvousConnectionError
+        # (rendezvous/c10d_rendezvous_backend.py _call_store), which the agent's monitor loop re-raises
+        # (dynamic_rendezvous.py num_nodes_waiting); the agent's own store calls raise DistNetworkError.
+        except (RendezvousConnectionError, DistNetworkError) as exc:
+            say(f"{type(exc).__name__}: {exc}: the rendezvous store is unreachable (exit {STORE_LOST})")
+            return STORE_LOST
+        except Exception as exc:  # noqa: BLE001 - other rendezvous errors: one line, the crash class
             say(f"{type(exc).__name__}: {exc} (exit {CRASH})")
             return CRASH
         return 0

@@ -124,7 +124,7 @@ class ElasticTrainingJob(_TrainingJob):
             args, template, min_available=job.min_nodes,
             replicas=job.max_nodes if job.autoscaling.enabled else job.min_nodes,
             max_retry=volcano.ELASTIC_MAX_RETRY,
-            policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_FAILED_POD],
+            policies=[volcano.TERMINATE_ON_CONFIG_ERROR, volcano.RESTART_JOB_ON_STORE_LOSS, volcano.RESTART_FAILED_POD],
             topology=volcano.network_topology(job),
         )
 

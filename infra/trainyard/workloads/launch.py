@@ -5,8 +5,8 @@ Rendezvous for elastic jobs is c10d, hosted by the torchrun agent of pod `<job>-
 the headless Service of Volcano's `svc` plugin (stable name, published before the pod is ready). That agent is
 told explicitly that it hosts the store (`is_host`): torch would otherwise guess by resolving the endpoint,
 which fails while the pod's DNS record is not yet published. When worker-0 is lost the store goes with it:
-the other agents' rendezvous calls fail, torchrun exits non-zero, and the Volcano job restarts from the last
-checkpoint (volcano.py).
+every other agent's next store call fails, and the agent exits STORE_LOST_EXIT_CODE, which restarts the whole
+Volcano job once from the last checkpoint (volcano.py) instead of costing one retry per surviving pod.
 
 The agent (`python -m trainyard_train.agent`, workloads/trainyard_train/agent.py) takes torchrun's arguments and
 exits with the trainer's codes: CONFIG_ERROR_EXIT_CODE for a config error found before or after the rendezvous
@@ -48,6 +48,7 @@ def shutdown_timeout(job: Job) -> int:
 # rendered-job runner checks both agree by running the rendered command).
 CRASH_EXIT_CODE = 1
 CONFIG_ERROR_EXIT_CODE = 2
+STORE_LOST_EXIT_CODE = 75
 GRACE_EXPIRED_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 143
 AGENT = "python -m trainyard_train.agent"

@@ -13,6 +13,12 @@ MIN) and resume from the last checkpoint. So a lost pod must *not* take the othe
   restart a config error in place forever).
 - `exitCode: 2 → TerminateJob` comes first: the trainer's config-error code (also an incompatible or unloadable
   run in run_dir, a diverged loss) is final; TerminateJob keeps the failed pod and its one-line message.
+- `exitCode: 75 → RestartJob` next: the agent's code for an unreachable rendezvous store (launch.py). The store is
+  hosted by worker-0's agent, so its loss fails every other agent; as RestartPod each survivor would cost a retry
+  (up to `replicas` per loss). RestartJob costs one and kills every pod, whose later failures arrive while the job
+  is Restarting (free: state/restarting.go) or from the previous job version (ignored: killJob bumps
+  status.version, applyPolicies syncs outdated requests). A worker-0 loss thus costs at most two retries: its own
+  pod's RestartPod, then one RestartJob.
 - `PodFailed → RestartPod` for everything else (143 stopped by a signal, 124 grace expired, 1 crash): only that pod
   is killed and recreated under its name (`killTarget` with TargetTypePod, job_controller_actions.go; the running
   state's RestartPodAction, state/running.go) and rejoins the rendezvous when it is scheduled again; the other pods
@@ -21,8 +27,9 @@ MIN) and resume from the last checkpoint. So a lost pod must *not* take the othe
   at maxRetry the job is Failed (state/restarting.go). maxRetry is thus a budget of pod losses over the job's whole
   life, sized for a spot pool; a job that exhausts it resumes from its retained checkpoint claim when re-created.
 - Every kill (RestartPod included) runs the plugins' OnJobDelete (`killPods`): the svc plugin deletes the headless
-  Service and re-creates it on the next sync, so pod DNS names drop out for a moment; torchrun's agents keep their
-  store connection, and a worker that cannot resolve a peer in that window fails and is restarted by its agent.
+  Service and re-creates it on the next sync, so pod DNS names drop out for a moment; the agents keep their open
+  store connection to worker-0, and a worker that cannot resolve a peer in that window fails and is restarted by
+  its agent.
 
 The job completes when `minSuccess` pods exit 0, which the trainer only does once the configured steps are done
 (a stopped trainer exits non-zero, so graceful stops never count toward it).
@@ -36,7 +43,7 @@ import pulumi
 
 from trainyard.config.model import Job
 from trainyard.workloads.args import TrainingJobArgs
-from trainyard.workloads.launch import CONFIG_ERROR_EXIT_CODE, WORKER_TASK
+from trainyard.workloads.launch import CONFIG_ERROR_EXIT_CODE, STORE_LOST_EXIT_CODE, WORKER_TASK
 from trainyard.workloads.pod import job_labels
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -54,8 +61,8 @@ CHECKOV_SKIPS = {
 # place (a new image, a networkTopology) would fail `pulumi up`. Pulumi replaces the Job instead, deleting the old
 # one first (same name); the run resumes from its checkpoint volume, which is a separate, retained resource.
 REPLACE_ON_SPEC_CHANGE = pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)
-# Pod restarts (PodFailed -> RestartPod, one per lost pod) over the job's life before Volcano marks it Failed; spot
-# pools lose nodes often.
+# Retries over the job's life before Volcano marks it Failed: one per lost pod (PodFailed -> RestartPod), two for a
+# lost worker-0 (its RestartPod, then the survivors' one RestartJob); spot pools lose nodes often.
 ELASTIC_MAX_RETRY = 16
 SINGLE_NODE_MAX_RETRY = 4
 
@@ -66,6 +73,8 @@ SVC_PLUGIN = ["--publish-not-ready-addresses=true", "--disable-network-policy=tr
 Policy = dict[str, str | int]
 # A pod that failed (crash, torchrun out of restarts) or was stopped (eviction, deletion: exit 143): recreate it alone.
 RESTART_FAILED_POD: Policy = {"event": "PodFailed", "action": "RestartPod"}
+# The rendezvous store went with worker-0: restart the whole job once rather than each survivor on its own.
+RESTART_JOB_ON_STORE_LOSS: Policy = {"exitCode": STORE_LOST_EXIT_CODE, "action": "RestartJob"}
 # A config error is final: end the job (TerminateJob keeps the failed pod and its one-line message).
 TERMINATE_ON_CONFIG_ERROR: Policy = {"exitCode": CONFIG_ERROR_EXIT_CODE, "action": "TerminateJob"}
 # A smoke run proves the platform works; retrying would hide the failure it exists to show.
