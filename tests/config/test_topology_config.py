@@ -75,10 +75,25 @@ def test_hard_on_a_co_located_pool_is_accepted(fleet: Raw) -> None:
     pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
                 instanceTypes=pool["instanceTypes"][:1])
     j = _multi_node_job(raw, p)
-    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 2}
+    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 3}
     settings = parse_settings(PROJECT, "fleet", raw)
     assert settings.workloads[j].network_topology is not None
     assert co_located(settings.node_pools[p])
+
+
+@pytest.mark.parametrize("tier", [1, 2])
+def test_hard_below_the_top_tier_of_a_co_located_pool_is_refused(prod: Raw, tier: int) -> None:
+    """A placement group or a Capacity Block is close together, not under one layer-3 or layer-2 network node: a
+    hard job bound to such a tier may never bind on the nodes Karpenter launches for it (review-topology-bringup
+    finding 3)."""
+    raw = copy.deepcopy(prod)
+    p = _gpu_pool(raw, spot=False)
+    pool = raw["nodePools"][p]
+    pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
+                instanceTypes=pool["instanceTypes"][:1])
+    j = _multi_node_job(raw, p)
+    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": tier}
+    assert "only its top tier (3)" in _problems(raw).get(f"workloads[{j}].networkTopology.highestTier", "")
 
 
 @pytest.mark.parametrize(("case", "key", "fragment"), [
@@ -113,7 +128,7 @@ def test_network_topology_problems(fleet: Raw, case: str, key: str, fragment: st
         if case == "hard-unlabelled":
             pool.update(instanceTypes=["g5.48xlarge"], placementGroup=True, zones=pool.get("zones", ["x"])[:1])
         j = _multi_node_job(raw, p)
-        raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 2}
+        raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 3}
     problems = _problems(raw)
     path = f"workloads[{j}].{key}"
     assert fragment in problems.get(path, ""), problems

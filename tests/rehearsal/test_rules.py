@@ -605,11 +605,16 @@ def test_hard_topology_is_refused_where_karpenter_would_loop(types: list[str], c
     karpenter = _karpenter(system)
     node_class, pool = _hard_pool("train", types, capacity, karpenter, placement=placement, blocks=blocks)
     hard = job("hard", gpu_pod("train", {"nvidia.com/gpu": "8"}), karpenter, replicas=replicas)
-    hard.inputs["spec"].update(minAvailable=2, networkTopology={"mode": "hard", "highestTierAllowed": 2})
+    hard.inputs["spec"].update(minAvailable=2, networkTopology={"mode": "hard", "highestTierAllowed": 3})
     found = [f for f in findings(eks, cni, system, karpenter, node_class, pool, hard)
              if f.rule == "hard-topology-co-located"]
     if fragment is None:
         assert found == []
+        # Co-located is the top layer only: a lower tier is named (review-topology-bringup finding 3).
+        hard.inputs["spec"]["networkTopology"]["highestTierAllowed"] = 2
+        (lower,) = [f for f in findings(eks, cni, system, karpenter, node_class, pool, hard)
+                    if f.rule == "hard-topology-co-located"]
+        assert "highestTierAllowed 2" in lower.problem and "only tier 3" in lower.problem, lower
     else:
         assert len(found) == 1 and fragment in found[0].problem, found
     soft = job("soft", gpu_pod("train", {"nvidia.com/gpu": "8"}), karpenter, replicas=replicas)

@@ -786,6 +786,14 @@ def _hard_topology_on_pool(at: str, job: Job, pool: NodePool) -> Iterator[Proble
         yield Problem(f"{at}.networkTopology.highestTier", f"{topology.highest_tier} is above the "
                                                            f"{min(t.network_layers for t in types)} network layers "
                                                            f"of pool {pool.name!r}")
+    elif types and topology.highest_tier is not None and co_located(pool) and \
+            topology.highest_tier < (top := min(t.network_layers for t in types)):
+        # Tier 1 is one network-node-layer-3 node (Volcano label.go generateHyperNodeInfo @v1.15.1); EC2 places a
+        # Capacity Block "close together inside Amazon EC2 UltraClusters" and a cluster placement group "close
+        # together inside an Availability Zone" (EC2 User Guide), neither under one lower network node.
+        yield Problem(f"{at}.networkTopology.highestTier", f"{topology.highest_tier} asks for one network node of a "
+                                                           f"lower layer, which pool {pool.name!r} does not promise: "
+                                                           f"only its top tier ({top}) is co-located by construction")
     if "spot" in pool.capacity_types:
         yield Problem(f"{at}.networkTopology.mode", f"hard on spot pool {pool.name!r}: a reclaimed node's replacement "
                                                     "may land outside the job's HyperNode and its pod never bind "

@@ -543,6 +543,13 @@ def hard_topology_co_located(record: ResourceRecord, moment: Moment) -> str | No
         return loop + ("its capacity is not co-located by construction (neither Capacity Blocks only nor one "
                        "instance type in a placement group): Karpenter may launch nodes that share no HyperNode "
                        "of the job's tier, which stay empty, are consolidated and launched again")
+    # Co-located capacity shares only the top layer: EC2 promises UltraCluster / placement-group proximity, not one
+    # lower network node (tier 1 = one network-node-layer-3 node: Volcano label.go generateHyperNodeInfo @v1.15.1).
+    top = min(INSTANCE_TYPES[t].network_layers for t in types) if types else 0
+    if (tier := int(topology.get("highestTierAllowed") or top)) < top:
+        return loop + (f"highestTierAllowed {tier} needs the nodes under one network node below the top layer, "
+                       f"which neither Capacity Blocks nor a placement group promise (only tier {top} is "
+                       "co-located): launched nodes may never bind, and are consolidated and launched again")
     return None
 
 
