@@ -39,6 +39,9 @@ NAMESPACE=${NAMESPACE:-gpu-health}
 STUCK_SECONDS=${STUCK_SECONDS:-7200}
 FAILED_HOLD_SECONDS=${FAILED_HOLD_SECONDS:-14400}
 MAX_FAILED_PER_POOL=${MAX_FAILED_PER_POOL:-1}
+# Pools (space-separated) whose failed nodes are deleted at once: reserved-only capacity, where a held node keeps
+# its reservation's instance and the pool's node limit from the replacement (no on-demand fallback).
+UNHELD_POOLS=${UNHELD_POOLS:-}
 
 STARTUP_TAINT=trainyard.io/gpu-health
 FAILED_TAINT=trainyard.io/gpu-health-failed
@@ -274,20 +277,22 @@ fail_node() {
 
 # What the reaper does to each GPU node, one "node action" line per node it acts on: `fail` for a node without
 # a verdict after STUCK_SECONDS (it then counts as failed, with its hold starting now), `delete` for a failed node
-# held FAILED_HOLD_SECONDS or beyond its pool's newest MAX_FAILED_PER_POOL. A failed node without the annotation
-# counts as failed since it registered.
+# held FAILED_HOLD_SECONDS (0 in UNHELD_POOLS) or beyond its pool's newest MAX_FAILED_PER_POOL. A failed node
+# without the annotation counts as failed since it registered.
 reap_plan() {
   jq -r --argjson now "$(date -u +%s)" --argjson stuck "$STUCK_SECONDS" --argjson hold "$FAILED_HOLD_SECONDS" \
      --argjson keep "$MAX_FAILED_PER_POOL" --arg result "$RESULT_LABEL" --arg pool "$POOL_LABEL" \
-     --arg failed_at "$FAILED_AT_ANNOTATION" '
-    [.items[] | {name: .metadata.name, pool: (.metadata.labels[$pool] // ""),
+     --arg failed_at "$FAILED_AT_ANNOTATION" --arg unheld "$UNHELD_POOLS" '
+    ($unheld | split(" ") | map(select(. != ""))) as $unheld_pools
+    | [.items[] | {name: .metadata.name, pool: (.metadata.labels[$pool] // ""),
                  result: (.metadata.labels[$result] // ""),
                  registered: (.metadata.creationTimestamp | fromdateiso8601),
                  failed: (.metadata.annotations[$failed_at] // .metadata.creationTimestamp | fromdateiso8601)}]
     | (map(select(.result != "passed" and .result != "failed" and $now - .registered >= $stuck)
            | "\(.name) fail")),
       (map(select(.result == "failed")) | group_by(.pool) | map(sort_by(-.failed) | to_entries[]
-           | select(.key >= $keep or $now - .value.failed >= $hold) | "\(.value.name) delete"))
+           | select(.key >= $keep or (.value.pool as $p | any($unheld_pools[]; . == $p))
+                    or $now - .value.failed >= $hold) | "\(.value.name) delete"))
     | .[]'
 }
 

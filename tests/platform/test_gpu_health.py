@@ -166,6 +166,17 @@ def test_the_reaper_follows_its_settings() -> None:
     assert (env["STUCK_SECONDS"], env["FAILED_HOLD_SECONDS"], env["MAX_FAILED_PER_POOL"]) == ("5400", "0", "0")
 
 
+@pytest.mark.parametrize("stack", ADMITTING)
+def test_failed_nodes_of_reserved_only_pools_are_not_held(stack: Stack) -> None:
+    """Their held node would keep a reserved instance and the pool's node limit (review-topology-bringup 2)."""
+    (container,) = _objects(_recording(stack), "CronJob")["gpu-health-reaper"]["spec"]["jobTemplate"]["spec"][
+        "template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    reserved = sorted(p.name for p in settings_of(read_stack(*stack)).pools("gpu")
+                      if list(p.capacity_types) == ["reserved"])
+    assert env["UNHELD_POOLS"].split() == reserved
+
+
 def test_the_script_and_the_expectations_ship_verbatim() -> None:
     data = _objects(_recording(FLEET), "ConfigMap")["gpu-health-check"]["data"]
     assert data["gpu-health-check.sh"] == SCRIPT.read_text()

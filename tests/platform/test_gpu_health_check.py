@@ -451,7 +451,7 @@ class Reaped:
 
 
 def run_reaper(tmp_path: Path, nodes: Mapping[str, tuple[Node, float]], claims: Mapping[str, str | None], *,
-               stuck_minutes: int = 120, hold_hours: int = 4, keep: int = 1) -> Reaped:
+               stuck_minutes: int = 120, hold_hours: int = 4, keep: int = 1, unheld: str = "") -> Reaped:
     """`nodes`: name -> (node, minutes since it registered); `claims`: node -> its NodeClaim (None: deleting)."""
     fakes, state = _fakes(tmp_path)
     (state / "nodes.json").write_text(json.dumps(
@@ -461,7 +461,7 @@ def run_reaper(tmp_path: Path, nodes: Mapping[str, tuple[Node, float]], claims: 
          "status": {"nodeName": node}} for node, claim in claims.items()]}))
     _run_step("reap", {"PATH": f"{fakes}:{os.environ['PATH']}", "NAMESPACE": "gpu-health", "FAKE_STATE": str(state),
                        "STUCK_SECONDS": str(stuck_minutes * 60), "FAILED_HOLD_SECONDS": str(hold_hours * 3600),
-                       "MAX_FAILED_PER_POOL": str(keep)})
+                       "MAX_FAILED_PER_POOL": str(keep), "UNHELD_POOLS": unheld})
     events = state / "events.json"
     return Reaped(nodes=json.loads((state / "nodes.json").read_text()), deleted=_lines(state / "deleted"),
                   events=json.loads(events.read_text()) if events.exists() else [])
@@ -476,6 +476,16 @@ def test_the_reaper_deletes_a_failed_node_once_its_hold_is_over(tmp_path: Path) 
     (event,) = run.events
     assert event["reason"] == "GpuHealthNodeReclaimed" and event["involvedObject"]["name"] == "held"
     assert "gpu-count-7-of-8" in event["message"]
+
+
+def test_the_reaper_deletes_a_failed_node_of_a_reserved_only_pool_at_once(tmp_path: Path) -> None:
+    """A held node of a Capacity Block pool keeps one of the block's instances and the pool's node limit: the gang
+    that needs every instance waits the whole hold (review-topology-bringup finding 2). Other pools keep theirs."""
+    nodes = {"block": (_failed("dcgm-diag-level-2-fail", 1, pool="h100-block"), 30),
+             "held": (_failed("dcgm-diag-level-2-fail", 1), 30)}
+    claims = {"block": "h100-block-abcde", "held": "h100-fghij"}
+    assert run_reaper(tmp_path, nodes, claims, unheld="h200 h100-block").deleted == ["h100-block-abcde"]
+    assert run_reaper(tmp_path / "held", nodes, claims).deleted == []
 
 
 def test_the_reaper_keeps_only_the_newest_failures_of_a_pool(tmp_path: Path) -> None:

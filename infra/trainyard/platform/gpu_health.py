@@ -241,6 +241,10 @@ def reaper_spec(args: GpuHealthArgs) -> dict[str, Any]:
         {"name": "STUCK_SECONDS", "value": str(settings.stuck_minutes * 60)},
         {"name": "FAILED_HOLD_SECONDS", "value": str(settings.failed_hold_hours * 3600)},
         {"name": "MAX_FAILED_PER_POOL", "value": str(settings.max_failed_nodes_per_pool)},
+        # Reserved-only pools have no fallback capacity: a held failure keeps a reserved instance and the pool's
+        # node limit (kubernetes-sigs/karpenter v1.14.1 scheduling/scheduler.go counts every NodeClaim against it).
+        {"name": "UNHELD_POOLS", "value": " ".join(sorted(p.name for p in args.gpu_pools
+                                                          if p.capacity_types == ("reserved",)))},
         # kubectl keeps its discovery cache under $HOME; the root filesystem is read-only.
         {"name": "HOME", "value": STATE_DIR},
     ]
