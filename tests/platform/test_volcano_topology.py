@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import yaml
+from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.runtime import plan_stack, read_stack
 
@@ -83,6 +84,16 @@ def test_eks_nodes_form_a_three_tier_tree_and_unlabelled_nodes_stay_out() -> Non
     assert tree[(layer[1], "nn-1")] == (3, {f"{layer[2]}=nn-2a", f"{layer[2]}=nn-2b"})
     # No topology labels (g5, system and storage nodes): in no HyperNode, only in Volcano's virtual cluster top.
     assert not any("g5" in m for _, m in tree.values())
+
+
+def test_every_catalogued_type_has_the_layers_discovery_reads() -> None:
+    """EKS also documents topology.k8s.aws/network-node-layer-4, "present only on instance types whose topology has
+    four layers" (EKS user guide, ml-workload-topology). Listing it would not be harmless: the walk starts at tier 1
+    (the bottom label) and stops at the first missing one, so every 3-layer node would fall out of all HyperNodes.
+    No catalogued type has four layers (EC2 instance-topology prerequisites); one that does needs its own type."""
+    layers = {len(entries) - 1 for entries in _discovery().values()}
+    assert layers == {len(EKS_LAYERS)}
+    assert max(t.network_layers for t in INSTANCE_TYPES.values()) <= len(EKS_LAYERS)
 
 
 def test_the_rendered_configmaps_hold_the_plugin_and_a_parseable_discovery_config() -> None:
