@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 from torch.distributed import DistNetworkError
+from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 from trainyard.workloads.launch import CRASH_EXIT_CODE, STORE_LOST_EXIT_CODE
 from trainyard_train import agent
-from trainyard_train.exitcodes import CRASH, STORE_LOST
+from trainyard_train.exitcodes import CRASH, STOPPED, STORE_LOST
+from trainyard_train.signals import EXIT_CODE_FILE
 
 ARGV = ["--nnodes=2:2", "--rdzv-backend=c10d", "--rdzv-endpoint=job-worker-0.job.ns.svc:29400", "-m",
         "trainyard_train"]
@@ -36,6 +39,21 @@ def test_losing_the_store_ends_the_agent_with_the_store_lost_code(
     assert agent._Agent(tmp_path).run(ARGV) == STORE_LOST
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"{agent.PROG}: {type(error).__name__}: ") and line.endswith(f"(exit {STORE_LOST})")
+
+
+def test_a_stop_signal_raised_after_the_store_was_lost_keeps_the_store_lost_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the store error torch's agent stops its workers (SimpleElasticAgent.run's `finally`); each worker then
+    asks this agent to stop with 143 and signals it, so a SignalException replaces the store error in flight."""
+    def lost_then_stopped(_args: object) -> None:
+        try:
+            raise RendezvousConnectionError("The connection to the C10d store has failed.")
+        finally:
+            (tmp_path / EXIT_CODE_FILE).write_text(str(STOPPED))
+            raise mp_api.SignalException("got signal: SIGTERM", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(agent.torchrun, "run", lost_then_stopped)
+    assert agent._Agent(tmp_path).run(ARGV) == STORE_LOST
 
 
 def test_other_rendezvous_failures_stay_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,6 +47,23 @@ from .preflight import check_command_line, report
 from .signals import AGENT_DIR_ENV, EXIT_CODE_FILE, STOPPING_FILE
 
 PROG = "trainyard_train.agent"
+# torch 2.13: the c10d backend turns every failed store call into RendezvousConnectionError
+# (rendezvous/c10d_rendezvous_backend.py _call_store), which the agent's monitor loop re-raises
+# (dynamic_rendezvous.py num_nodes_waiting); the agent's own store calls raise DistNetworkError.
+STORE_ERRORS = (RendezvousConnectionError, DistNetworkError)
+
+
+def store_error(exc: BaseException) -> BaseException | None:
+    """The store failure `exc` is, or was raised while handling: after one, torch's agent stops its workers
+    (SimpleElasticAgent.run's `finally`), and their stop signals this agent, so a SignalException replaces it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, STORE_ERRORS):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def say(message: str) -> None:
@@ -80,26 +97,28 @@ class _Agent:
         mp_api._terminate_process_handler = self.on_signal  # type: ignore[assignment]
         try:
             torchrun.run(args)
-        except mp_api.SignalException as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure gets a code; a lost store decides it
+            if (lost := store_error(exc)) is None:
+                return self.exit_code(exc)
+            say(f"{type(lost).__name__}: {lost}: the rendezvous store is unreachable (exit {STORE_LOST})")
+            return STORE_LOST
+        return 0
+
+    def exit_code(self, exc: Exception) -> int:
+        """The code for what ended torchrun's run, the store being fine."""
+        if isinstance(exc, mp_api.SignalException):
             code = self.requested_code() or signal_exit_code(exc.sigval)
             say(f"stopped by {exc.sigval.name}, workers shut down (exit {code})")
             return code
-        except ChildFailedError as exc:
+        if isinstance(exc, ChildFailedError):
             codes = sorted({failure.exitcode for failure in exc.failures.values()})
             final = [c for c in codes if c in FINAL_WORKER_CODES]
             code = self.requested_code() or (final[0] if final else CRASH)
             say(f"workers failed with exit codes {codes} and no restarts left (exit {code})")
             return code
-        # torch 2.13: the c10d backend turns every failed store call into RendezvousConnectionError
-        # (rendezvous/c10d_rendezvous_backend.py _call_store), which the agent's monitor loop re-raises
-        # (dynamic_rendezvous.py num_nodes_waiting); the agent's own store calls raise DistNetworkError.
-        except (RendezvousConnectionError, DistNetworkError) as exc:
-            say(f"{type(exc).__name__}: {exc}: the rendezvous store is unreachable (exit {STORE_LOST})")
-            return STORE_LOST
-        except Exception as exc:  # noqa: BLE001 - other rendezvous errors: one line, the crash class
-            say(f"{type(exc).__name__}: {exc} (exit {CRASH})")
-            return CRASH
-        return 0
+        # Other rendezvous errors: one line, the crash class.
+        say(f"{type(exc).__name__}: {exc} (exit {CRASH})")
+        return CRASH
 
 
 def main(argv: Sequence[str] | None = None) -> int:
