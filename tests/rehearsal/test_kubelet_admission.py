@@ -36,7 +36,7 @@ from trainyard.plan.kubelet_admission import (
     user_data_kubelet,
 )
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 
 RULE = "kubelet-admits-pod"
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
@@ -150,4 +150,6 @@ def test_every_job_of_every_stack_is_admitted_and_restricted_would_refuse_the_fa
               and (r.inputs.get("metadata") or {}).get("labels", {}).get("trainyard.io/check") == "fabric"]
     restricted = _restricted_gpu_classes(recording_)
     refused = {f.name for f in rehearsed(restricted).findings if f.rule == RULE}
+    # Not vacuous: every pool the stack checks the fabric of has its check here.
+    assert len(checks) == len(settings_of(read_stack(stack)).fabric_checked_pools)
     assert {c.name for c in checks} <= refused
