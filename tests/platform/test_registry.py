@@ -76,6 +76,14 @@ def test_every_addon_comes_after_what_it_waits_for() -> None:
      "scrape: [{name: x, selector: {a: b}, port: metrics}]}\n", r"addons\.three\.scrape: scraped Services live in"),
     ("addons:\n  one: {charts: [one], cni: true}\n  two: {charts: [two], cni: true}\n",
      r"at most one add-on is the CNI"),
+    ("addons:\n  one: {charts: [one], crds: {one: [a.example]}, controllers: {b.example: [op]}}\n"
+     "  two: {charts: [two]}\n", r"addons\.one\.controllers\.b\.example: not an API group of this add-on's crds"),
+    ("addons:\n  one: {charts: [one], crds: {one: [a.example]}, controllers: {Thing.b.example: [op]}}\n"
+     "  two: {charts: [two]}\n", r"addons\.one\.controllers\.Thing\.b\.example: not an API group"),
+    ("addons:\n  one: {charts: [one], crds: {one: [a.example]}, controllers: {a.example: op}}\n"
+     "  two: {charts: [two]}\n", r"addons\.one\.controllers\.a\.example: expected a list"),
+    ("addons:\n  one: {charts: [one], cniOperator: op}\n  two: {charts: [two]}\n",
+     r"addons\.one\.cniOperator: the name of the CNI chart's operator workload, on the CNI only"),
 ])
 def test_bad_addon_data_is_refused_by_key(tmp_path: Path, addons: str, message: str) -> None:
     with pytest.raises(CatalogueError, match=message):

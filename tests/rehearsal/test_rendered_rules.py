@@ -9,12 +9,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import pytest
+from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
+from trainyard.plan import rendered_rules
 from trainyard.plan.node_image import missing_path
+from trainyard.plan.pods import workloads
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rehearse import Finding
-from trainyard.plan.rendering import RELEASE, chart_name
+from trainyard.plan.rendering import RELEASE, chart_name, render_releases
 from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.platform.registry import load_registry
 
 Match = Callable[[ResourceRecord], bool]
 
@@ -22,6 +27,25 @@ Match = Callable[[ResourceRecord], bool]
 @functools.cache
 def recorded(stack: str) -> Recording:
     return render(read_stack(stack))
+
+
+@functools.cache
+def owned(stack: str) -> Recording:
+    """A stack the tests own (tests/fixtures/stacks): fleet is AWS with every add-on, laptop the local one."""
+    return render(read_stack(stack, OWNED_STACKS))
+
+
+def edited(recording: Recording, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
+    resources, matched = [], 0
+    for record in recording.resources:
+        if match(record):
+            matched += 1
+            inputs = copy.deepcopy(record.inputs)
+            change(inputs)
+            record = replace(record, inputs=inputs)
+        resources.append(record)
+    assert matched, "the edit matched nothing"
+    return Recording(resources=resources)
 
 
 def stack_with(match: Match) -> str:
@@ -37,16 +61,7 @@ def release_of(chart: str) -> Match:
 
 
 def edit(stack: str, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
-    resources, matched = [], 0
-    for record in recorded(stack).resources:
-        if match(record):
-            matched += 1
-            inputs = copy.deepcopy(record.inputs)
-            change(inputs)
-            record = replace(record, inputs=inputs)
-        resources.append(record)
-    assert matched, "the edit matched nothing"
-    return Recording(resources=resources)
+    return edited(recorded(stack), match, change)
 
 
 def drop(stack: str, match: Match) -> Recording:
@@ -95,6 +110,23 @@ def test_a_cni_operator_that_fits_no_joining_node_group_is_named() -> None:
     stack = stack_with(release_of("cilium"))
     (finding,) = found(edit(stack, release_of("cilium"), nowhere), "cni-runs-where-nodes-join")
     assert "Deployment/cilium-operator can run on none of the node groups that join first" in finding.problem
+
+
+def _operator(**values: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda inputs: inputs["values"].setdefault("operator", {}).update(values)
+
+
+@pytest.mark.parametrize(("values", "problem"), [
+    ({"replicas": 0}, "Deployment/cilium-operator (the CNI's operator) has no replicas: no node turns Ready"),
+    ({"hostNetwork": False}, "Deployment/cilium-operator (the CNI's operator) is not on the host network"),
+    ({"enabled": False}, "it renders no cilium-operator (the CNI's operator)"),
+], ids=["no-replicas", "pod-network", "disabled"])
+def test_a_cni_operator_that_does_not_run_is_named(values: dict[str, Any], problem: str) -> None:
+    """Cilium's operator at 0 (or off the host network, or off) leaves every node NotReady: the agent waits for the
+    CRDs it registers and, in ENI mode, for the addresses it allocates."""
+    (finding,) = found(edited(owned("fleet"), release_of("cilium"), _operator(**values)),
+                       "cni-runs-where-nodes-join")
+    assert finding.problem.startswith(problem)
 
 
 def test_a_cni_operator_without_its_pod_identity_is_named() -> None:
@@ -159,6 +191,56 @@ def test_a_custom_resource_without_a_running_controller_is_named() -> None:
 
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 DATASET = "kubernetes:data.fluid.io/v1alpha1:Dataset"
+
+
+def _kube_version(recording: Recording) -> str:
+    return next((str(r.inputs["version"]) for r in recording.resources if r.type == "aws:eks/cluster:Cluster"), "1.34")
+
+
+def test_volcano_jobs_without_the_controller_manager_are_named() -> None:
+    """Volcano's job controller runs in vc-controller-manager alone: with it at 0 replicas no Job ever makes a pod,
+    however many of the chart's other Deployments (scheduler, admission) run."""
+    def no_controllers(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("custom", {})["controller_replicas"] = 0
+
+    old = edited(owned("fleet"), release_of("volcano"), no_controllers)
+    jobs = {r.urn for r in old.resources if r.type == VOLCANO_JOB}
+    findings = [f for f in found(old, "resource-reconciled") if f.type == VOLCANO_JOB]
+    assert jobs and {f.urn for f in findings} == jobs
+    assert all("Deployment/volcano-controllers of release volcano has no replicas" in f.problem for f in findings)
+
+
+def test_monitors_without_the_prometheus_operator_are_named() -> None:
+    """Grafana and kube-state-metrics run, but only prometheus-operator turns a ServiceMonitor into scrape config."""
+    def no_operator(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("prometheusOperator", {})["enabled"] = False
+
+    findings = found(edited(owned("fleet"), release_of("kube-prometheus-stack"), no_operator), "resource-reconciled")
+    monitors = [f for f in findings if f.type.endswith(":ServiceMonitor")]
+    assert monitors and all("renders no kube-prometheus-stack-operator" in f.problem for f in monitors)
+
+
+def test_a_custom_resource_whose_controller_nobody_names_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rendered_rules, "crd_controllers", lambda: {})
+    findings = [f for f in found(owned("fleet"), "resource-reconciled") if f.type == VOLCANO_JOB]
+    assert findings and all("platform/addons.yaml names no controller for batch.volcano.sh" in f.problem
+                            for f in findings)
+
+
+def test_every_named_controller_is_rendered_by_its_chart() -> None:
+    """The workloads platform/addons.yaml names as controllers are rendered under those names by the owned stacks
+    (fleet and laptop between them install every chart that brings CRDs)."""
+    owners = {group: chart for addon in load_registry(rendered_rules.REPO_ROOT).addons
+              for chart, groups in addon.crds.items() for group in groups}
+    named = {(owners[key.split(".", 1)[1] if key[:1].isupper() else key], name)
+             for key, names in rendered_rules.crd_controllers().items() for name in names}
+    seen = set()
+    for stack in ("fleet", "laptop"):
+        recording = owned(stack)
+        rendered = render_releases(recording, _kube_version(recording))
+        for release in rendered.releases.values():
+            seen |= {(release.name, w.name) for w in workloads(release.objects)}
+    assert named and named <= seen, sorted(named - seen)
 
 
 def _source_dataset(r: ResourceRecord) -> bool:

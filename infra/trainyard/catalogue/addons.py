@@ -24,8 +24,8 @@ ADDONS_FILE = Path("platform") / "addons.yaml"
 GENERIC_COMPONENT = "chart_addon"
 MONITORING = "monitoring"
 
-_KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "needs", "cni", "serviceMonitors", "scrape",
-                   "afterTenants", "switch"))
+_KEYS = frozenset(("charts", "component", "optionalCharts", "crds", "controllers", "needs", "cni", "cniOperator",
+                   "serviceMonitors", "scrape", "afterTenants", "switch"))
 _SCRAPE_KEYS = frozenset(("name", "selector", "port", "honorLabels", "when"))
 
 
@@ -52,8 +52,12 @@ class AddonSpec:
     component: str = GENERIC_COMPONENT
     optional_charts: frozenset[str] = frozenset()
     crds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # API group (or `Kind.group` for one kind) -> the rendered workloads that reconcile its custom resources.
+    controllers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
     cni: bool = False
+    # The CNI chart's workload that must run before any node turns Ready (its operator), by rendered name.
+    cni_operator: str | None = None
     service_monitors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     scrape: tuple[ScrapeTarget, ...] = ()
     after_tenants: bool = False
@@ -123,6 +127,9 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> AddonSpec:
     for key in ("cni", "afterTenants", "switch"):
         if not isinstance(entry.get(key, False), bool):
             raise CatalogueError(f"{at}.{key}: expected true or false")
+    operator = entry.get("cniOperator")
+    if operator is not None and (not entry.get("cni") or not isinstance(operator, str) or not operator):
+        raise CatalogueError(f"{at}.cniOperator: the name of the CNI chart's operator workload, on the CNI only")
     if entry.get("scrape") and not charts:
         raise CatalogueError(f"{at}.scrape: scraped Services live in the namespace of the add-on's first chart; "
                              "an add-on without charts creates its own ServiceMonitors")
@@ -130,7 +137,9 @@ def _parse(name: object, entry: object, catalogue: Catalogue) -> AddonSpec:
     addon = AddonSpec(
         name=name, charts=charts, component=_component(at, entry.get("component"), charts),
         optional_charts=frozenset(optional),
-        crds=MappingProxyType(crds), needs=_names(at, "needs", entry.get("needs", [])), cni=entry.get("cni", False),
+        crds=MappingProxyType(crds),
+        controllers=MappingProxyType(_controllers(at, entry.get("controllers", {}), crds)),
+        needs=_names(at, "needs", entry.get("needs", [])), cni=entry.get("cni", False), cni_operator=operator,
         service_monitors=MappingProxyType(monitors),
         scrape=tuple(_scrape(f"{at}.scrape[{i}]", target, scrape_namespace)
                      for i, target in enumerate(_list(at, "scrape", entry.get("scrape", [])))),
@@ -160,6 +169,18 @@ def _chart_map(at: str, key: str, value: object, charts: tuple[str, ...]) -> dic
         if chart not in charts:
             raise CatalogueError(f"{at}.{key}.{chart}: not one of this add-on's charts ({', '.join(charts)})")
     return {chart: _names(f"{at}.{key}", chart, items) for chart, items in value.items()}
+
+
+def _controllers(at: str, value: object, crds: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict):
+        raise CatalogueError(f"{at}.controllers: expected a map of API group (or Kind.group) -> workload names")
+    groups = {group for listed in crds.values() for group in listed}
+    for key in value:
+        kind, _, rest = str(key).partition(".")
+        if (rest if kind[:1].isupper() else str(key)) not in groups:
+            raise CatalogueError(f"{at}.controllers.{key}: not an API group of this add-on's crds "
+                                 f"({', '.join(sorted(groups)) or 'none'})")
+    return {str(key): _names(f"{at}.controllers", str(key), names) for key, names in value.items()}
 
 
 def _scrape(at: str, target: object, namespace: str) -> ScrapeTarget:

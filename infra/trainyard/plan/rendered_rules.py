@@ -8,11 +8,14 @@ resources at run time appear in no render, so where a rule needs one it reads th
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from trainyard.catalogue.charts import load_catalogue
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_model import (
     PodNeeds,
     Pool,
@@ -41,6 +44,7 @@ from trainyard.plan.readiness import (
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import chart_name
 from trainyard.platform import alluxio
+from trainyard.platform.registry import load_registry
 
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
@@ -265,27 +269,43 @@ def _plugin_lands(resource: str, pool: Pool, startup: tuple[Taint, ...], moment:
 # --------------------------------------------------------------------------------------------------- CNI
 
 
-# A node joins Ready only once the CNI runs on it, and in Cilium's ENI mode only once cilium-operator has
-# allocated its ENI addresses (docs.cilium.io network/concepts/ipam/eni, "Architecture"): the operator must land
-# on the first node groups (which are NotReady until then) and have its AWS credentials (its Pod Identity
-# association) before it starts.
+@functools.cache
+def cni_operators() -> Mapping[str, str]:
+    """CNI chart (by chart name) -> its operator workload (platform/addons.yaml `cniOperator`)."""
+    pins = load_catalogue(REPO_ROOT).pins
+    return {chart_name(pins[release].chart): addon.cni_operator for addon in load_registry(REPO_ROOT).addons
+            if addon.cni_operator for release in addon.charts}
+
+
+# A node joins Ready only once the CNI runs on it, and with Cilium only once cilium-operator has registered the CRDs
+# the agent waits for and, in ENI mode, allocated the node's ENI addresses (docs.cilium.io internals/
+# cilium_operator "CRD Registration", network/concepts/ipam/eni "Architecture"): the operator must run (replicas,
+# on the host network, as there is no pod network yet), land on the first node groups (NotReady until then) and
+# have its AWS credentials (its Pod Identity association) before it starts.
 def cni_runs_where_nodes_join(record: ResourceRecord, moment: Moment) -> str | None:
-    if chart_name(str(record.inputs.get("chart", ""))) not in cni_charts():
+    chart = chart_name(str(record.inputs.get("chart", "")))
+    if chart not in cni_charts() or chart not in cni_operators():
         return None
     groups = [p for p in _pools(moment) if not p.autoscaled and p.nodes]
     not_ready = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
     release = moment.release(record)
-    for pod in workloads(release.objects):
-        if pod.daemon or pod.hooks or pod.replicas == 0 or not pod.spec.get("hostNetwork"):
-            continue  # the CNI's control plane is what runs before pod networking: on the host network
-        if groups and not any(_lands(pod.needs(), g, (not_ready,)) for g in groups):
-            names = ", ".join(g.name for g in groups)
-            return f"{pod.label} can run on none of the node groups that join first ({names}): no node turns Ready"
-        account = pod.spec.get("serviceAccountName")
-        eni = lookup(record.inputs.get("values") or {}, "ipam.mode") == "eni"
-        if eni and account and not _identity_before(moment, release.namespace, str(account)):
-            return (f"{pod.label} runs as {release.namespace}/{account}, which has no Pod Identity association "
-                    "created before this release: in ENI mode it cannot allocate addresses, so no node turns Ready")
+    name = cni_operators()[chart]
+    pod = next((w for w in workloads(release.objects) if w.name == name and not w.daemon and not w.hooks), None)
+    if pod is None:
+        return f"it renders no {name} (the CNI's operator): no node turns Ready"
+    if pod.replicas == 0:
+        return f"{pod.label} (the CNI's operator) has no replicas: no node turns Ready"
+    if not pod.spec.get("hostNetwork"):
+        return (f"{pod.label} (the CNI's operator) is not on the host network: it waits for the pod network it "
+                "brings up, so no node turns Ready")
+    if groups and not any(_lands(pod.needs(), g, (not_ready,)) for g in groups):
+        names = ", ".join(g.name for g in groups)
+        return f"{pod.label} can run on none of the node groups that join first ({names}): no node turns Ready"
+    account = pod.spec.get("serviceAccountName")
+    eni = lookup(record.inputs.get("values") or {}, "ipam.mode") == "eni"
+    if eni and account and not _identity_before(moment, release.namespace, str(account)):
+        return (f"{pod.label} runs as {release.namespace}/{account}, which has no Pod Identity association "
+                "created before this release: in ENI mode it cannot allocate addresses, so no node turns Ready")
     return None
 
 
@@ -297,11 +317,18 @@ def _identity_before(moment: Moment, namespace: str, account: str) -> bool:
 # ------------------------------------------------------------------------------------- custom resources
 
 
-# A custom resource does nothing until a controller reconciles it: the chart that brings its CRD must run one,
-# with replicas and a node to run on. Where a chart names a controller after the kind (Fluid: dataset-controller,
-# <runtime>runtime-controller) that one is the controller. Fluid's dataset controller scales a runtime controller
-# from 0 when a runtime of its kind appears (fluid-cloudnative/fluid v1.0.8 pkg/controllers/deploy
-# runtime_controllers.go, ScaleoutRuntimeControllerOnDemand), so 0 replicas there is a start, not a stop.
+@functools.cache
+def crd_controllers() -> Mapping[str, tuple[str, ...]]:
+    """API group, or `Kind.group` for one kind, -> the rendered workloads that reconcile it (platform/addons.yaml
+    `controllers`)."""
+    return {key: names for addon in load_registry(REPO_ROOT).addons for key, names in addon.controllers.items()}
+
+
+# A custom resource does nothing until its controllers reconcile it: the workloads platform/addons.yaml names for
+# its kind or group must be rendered by the chart that brings its CRD, with replicas and a node to run on. Fluid's
+# dataset controller scales a runtime controller from 0 when a runtime of its kind appears (fluid-cloudnative/fluid
+# v1.0.8 pkg/controllers/deploy runtime_controllers.go, ScaleoutRuntimeControllerOnDemand), so 0 replicas there is
+# a start, not a stop.
 ON_DEMAND = {"fluid": "dataset-controller"}  # chart -> the controller that scales the others out
 
 
@@ -311,20 +338,26 @@ def resource_reconciled(record: ResourceRecord, moment: Moment) -> str | None:
     release = next((r for r in moment.rendered.releases.values() if r.chart == chart), None)
     if release is None:
         return None  # crd-installed names a missing chart
-    controllers = [w for w in workloads(release.objects) if w.kind in ("Deployment", "StatefulSet") and not w.hooks]
-    named = [w for w in controllers if kind.lower() in w.name.replace("-", "")]
-    candidates = named or controllers
+    names = crd_controllers().get(f"{kind}.{group}") or crd_controllers().get(group)
+    if not names:
+        return (f"platform/addons.yaml names no controller for {group} (controllers: of the add-on installing "
+                f"{chart}), so nothing shows that one acts on it")
+    rendered = {w.name: w for w in workloads(release.objects) if not w.hooks}
     pools = ready_pools(moment.after)
-    for controller in candidates:
-        scaler = ON_DEMAND.get(release.chart)
-        scaled = controller.replicas == 0 and scaler is not None and any(
-            w.name == scaler and w.replicas > 0 for w in controllers)
+    scaler = rendered.get(ON_DEMAND.get(release.chart, ""))
+    for name in names:
+        controller = rendered.get(name)
+        if controller is None:
+            return f"no controller reconciles it: release {release.name} renders no {name}"
+        on_demand = controller.replicas == 0 and scaler is not None and scaler.replicas > 0
+        if controller.replicas == 0 and not on_demand:
+            return (f"no controller reconciles it: {controller.label} of release {release.name} has no replicas, "
+                    "so the object is never acted on")
         pod = controller.needs()
-        if (controller.replicas > 0 or scaled) and (can_run_now(pod, pools) or can_launch(pod, pools)):
-            return None
-    names = ", ".join(w.label for w in candidates) or "no Deployment or StatefulSet"
-    return (f"no controller reconciles it: {names} of release {release.name} has no replicas or no node to run "
-            "on, so the object is never acted on")
+        if not (can_run_now(pod, pools) or can_launch(pod, pools)):
+            return (f"no controller reconciles it: {controller.label} of release {release.name} has no node to "
+                    "run on, so the object is never acted on")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- dataset chain
