@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
 from trainyard.plan import rendered_rules
+from trainyard.plan.engine_order import creation_order
 from trainyard.plan.node_image import missing_path
 from trainyard.plan.pods import workloads
 from trainyard.plan.recording import Recording, ResourceRecord
@@ -195,6 +197,42 @@ DATASET = "kubernetes:data.fluid.io/v1alpha1:Dataset"
 
 def _kube_version(recording: Recording) -> str:
     return next((str(r.inputs["version"]) for r in recording.resources if r.type == "aws:eks/cluster:Cluster"), "1.34")
+
+
+def _cut(recording: Recording, consumer: ResourceRecord, providers: set[str]) -> Recording:
+    """The recording with `consumer` (and its ancestors) no longer waiting, directly or through anything, on the
+    `providers` URNs."""
+    _, closure = creation_order(recording.resources)
+    by_urn = {r.urn: r for r in recording.resources}
+    cut, urn = set(), consumer.urn
+    while urn in by_urn:
+        cut.add(urn)
+        urn = by_urn[urn].parent or ""
+    resources = [replace(r, depends_on=tuple(d for d in r.depends_on if d not in providers and
+                                             not providers & closure.get(d, frozenset()))) if r.urn in cut else r
+                 for r in recording.resources]
+    return Recording(resources=resources)
+
+
+def test_a_release_rendering_custom_resources_before_their_crds_is_named() -> None:
+    """Every fleet release that renders a custom resource whose CRD another release brings (a chart ServiceMonitor,
+    rook-ceph-cluster's PrometheusRule, its CephCluster) is named once it stops waiting for that release."""
+    recording = owned("fleet")
+    rendered = render_releases(recording, _kube_version(recording))
+    crds = {str(o["spec"]["group"]): r.name for r, o in rendered.objects()
+            if o.get("kind") == "CustomResourceDefinition"}
+    records = {str(r.inputs.get("name")): r for r in recording.resources if r.type == RELEASE}
+    pairs = {(release.name, crds[group]) for release, obj in rendered.objects()
+             if (group := str(obj.get("apiVersion", "")).rpartition("/")[0]) in crds and crds[group] != release.name}
+    assert pairs
+    for consumer, provider in sorted(pairs):
+        cut = _cut(recording, records[consumer], {records[provider].urn})
+        waited = creation_order(cut.resources)[1][records[consumer].urn]
+        assert records[provider].urn not in waited
+        unwaited = {rendered.releases[name].chart for name, r in records.items() if r.urn not in waited}
+        (finding,) = [f for f in found(cut, "custom-resources-after-their-crds") if f.urn == records[consumer].urn]
+        named = re.search(r"whose CRD comes with (\S+), which is not installed before it", finding.problem)
+        assert named and named[1] in unwaited, finding.problem
 
 
 def test_volcano_jobs_without_the_controller_manager_are_named() -> None:

@@ -360,6 +360,37 @@ def resource_reconciled(record: ResourceRecord, moment: Moment) -> str | None:
     return None
 
 
+def _crd_releases(moment: Moment) -> dict[str, set[str]]:
+    """API group -> the charts (by chart name) whose render defines a CRD of it, or that register it at run time
+    (platform/addons.yaml `crds`: cilium-operator creates cilium.io's)."""
+    served: dict[str, set[str]] = {}
+    for release, obj in moment.rendered.objects():
+        if obj.get("kind") == "CustomResourceDefinition" and (group := lookup(obj, "spec.group")):
+            served.setdefault(str(group), set()).add(release.chart)
+    for group, chart in crd_charts().items():
+        served.setdefault(group, set()).add(chart)
+    return served
+
+
+# Helm maps every object of a release to a served API before it creates any (helm v3.19.0 pkg/action/install.go
+# KubeClient.Build, "unable to build kubernetes objects from release manifest"; k8s.io/cli-runtime
+# pkg/resource/mapper.go "no matches for kind ... ensure CRDs are installed first"), and a template that asks
+# `.Capabilities.APIVersions.Has` gets the cluster's discovery at that moment: a custom resource a release renders
+# needs its CRD's release installed before it (or its own), else the first install fails or leaves it out.
+def custom_resources_after_their_crds(record: ResourceRecord, moment: Moment) -> str | None:
+    release = moment.release(record)
+    served = _crd_releases(moment)
+    for obj in release.objects:
+        group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+        charts = served.get(group)
+        if not charts or release.chart in charts or charts & moment.before.charts:
+            continue
+        return (f"it renders {obj.get('kind')}/{lookup(obj, 'metadata.name')} ({group}), whose CRD comes with "
+                f"{', '.join(sorted(charts))}, which is not installed before it: the first install fails with "
+                "'no matches for kind' (or, where the chart asks .Capabilities.APIVersions, leaves it out)")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- dataset chain
 
 
@@ -414,6 +445,8 @@ RULES: tuple[Rule, ...] = (
          "kubernetes-sigs/karpenter v1.14.1 RequestedResourcesRegistered"),
     Rule("dataset-chain", _is(VOLCANO_JOB), dataset_chain,
          "fluid v1.0.8 pkg/utils/dataset/volume (a Dataset's claim, made once a runtime binds it)"),
+    Rule("custom-resources-after-their-crds", _is(RELEASE), custom_resources_after_their_crds,
+         "helm v3.19.0 pkg/action/install.go KubeClient.Build (ensure CRDs are installed first)"),
     Rule("resource-reconciled", is_custom_resource, resource_reconciled,
          "fluid-cloudnative/fluid v1.0.8 ScaleoutRuntimeControllerOnDemand; a CR needs a running controller"),
 )
