@@ -38,21 +38,33 @@ def affinity_terms(affinity: Mapping[str, Any]) -> tuple[tuple[Requirement, ...]
 
 
 def requests_of(spec: Mapping[str, Any]) -> dict[str, float]:
-    """What the scheduler reserves for a pod: the sum of its containers' requests (limits stand in where none
-    is set), or its largest init container's where that is more (kubernetes.io/docs/concepts/workloads/pods/
-    init-containers, "Resource sharing within containers")."""
+    """What the scheduler reserves for a pod. A container's request of a resource defaults to its limit of it, per
+    resource (kubernetes pkg/apis/core/v1/defaults.go SetDefaults_Pod). The pod asks for the larger of its app
+    containers' and sidecars' sum (init containers with restartPolicy Always keep running) and each init
+    container's request plus the sidecars started before it (kubernetes.io/docs/concepts/workloads/pods/
+    sidecar-containers, "Resource sharing within containers")."""
     def of(container: Mapping[str, Any]) -> dict[str, float]:
         resources = container.get("resources") or {}
-        return {str(k): quantity(v) for k, v in (resources.get("requests") or resources.get("limits") or {}).items()}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        return {str(k): quantity(v) for k, v in asked.items()}
 
-    total: dict[str, float] = {}
+    def plus(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+        return {r: a.get(r, 0.0) + b.get(r, 0.0) for r in sorted({*a, *b})}
+
+    running: dict[str, float] = {}
     for container in spec.get("containers") or ():
-        for resource, amount in of(container).items():
-            total[resource] = total.get(resource, 0.0) + amount
+        running = plus(running, of(container))
+    sidecars: dict[str, float] = {}
+    peak: dict[str, float] = {}
     for container in spec.get("initContainers") or ():
-        for resource, amount in of(container).items():
-            total[resource] = max(total.get(resource, 0.0), amount)
-    return total
+        if container.get("restartPolicy") == "Always":
+            sidecars = plus(sidecars, of(container))
+            starting = sidecars
+        else:
+            starting = plus(sidecars, of(container))
+        peak = {r: max(peak.get(r, 0.0), starting.get(r, 0.0)) for r in sorted({*peak, *starting})}
+    total = plus(running, sidecars)
+    return {r: max(total.get(r, 0.0), peak.get(r, 0.0)) for r in sorted({*total, *peak})}
 
 
 def pod_needs(name: str, spec: Mapping[str, Any], distinct_nodes: int = 1) -> PodNeeds:
