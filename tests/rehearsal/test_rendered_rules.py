@@ -180,6 +180,36 @@ def test_a_gpu_pool_whose_device_plugin_cannot_land_is_named() -> None:
     assert any("nvidia.com/gpu" in f.problem for f in findings)
 
 
+def _mig_pools(recording: Recording) -> set[str]:
+    """NodePools whose jobs ask for MIG slices (the fleet's h100-mig)."""
+    return {str(r.inputs["metadata"]["name"]) for r in recording.resources if r.type.endswith(":NodePool")
+            and "trainyard.io/gpu-sharing" in {t.get("key") for t in r.inputs["spec"]["template"]["spec"].get(
+                "taints") or ()}}
+
+
+def test_gpu_pools_the_node_feature_discovery_worker_cannot_reach_are_named() -> None:
+    """The GPU Operator deploys its device plugin only where NFD labelled the node an NVIDIA PCI host: without the
+    MIG pools' taint among the worker's tolerations, their nodes never register a GPU resource."""
+    def untolerated(inputs: dict[str, Any]) -> None:
+        worker = inputs["values"]["node-feature-discovery"]["worker"]
+        worker["tolerations"] = [t for t in worker["tolerations"] if t.get("key") != "trainyard.io/gpu-sharing"]
+
+    fleet = owned("fleet")
+    findings = found(edited(fleet, release_of("gpu-operator"), untolerated), "nodes-initialize")
+    named = {f.problem.rsplit("marks a ", 1)[1].split(" node")[0] for f in findings}
+    assert _mig_pools(fleet) and named == _mig_pools(fleet)
+
+
+def test_mig_pools_without_mig_manager_are_named() -> None:
+    def no_mig_manager(inputs: dict[str, Any]) -> None:
+        inputs["values"].setdefault("migManager", {})["enabled"] = False
+
+    fleet = owned("fleet")
+    findings = found(edited(fleet, release_of("gpu-operator"), no_mig_manager), "nodes-initialize")
+    assert findings and all("its nodes offer nvidia.com/mig-" in f.problem for f in findings)
+    assert {f.problem.rsplit("marks a ", 1)[1].split(" node")[0] for f in findings} == _mig_pools(fleet)
+
+
 def test_a_custom_resource_without_a_running_controller_is_named() -> None:
     """Fluid's Datasets wait on its dataset controller; with none running nothing ever makes their volumes."""
     def no_controller(inputs: dict[str, Any]) -> None:

@@ -256,14 +256,34 @@ def _plugin_lands(resource: str, pool: Pool, startup: tuple[Taint, ...], moment:
                 yield any(p.daemon and _lands(p.needs(), pool, startup) for p in workloads(release.objects))
     elif resource.startswith("nvidia.com/"):
         # The GPU Operator makes its device plugin from the ClusterPolicy, on GPU nodes, with the policy's
-        # spec.daemonsets.tolerations (gpu-operator v26.7.0 templates/clusterpolicy.yaml, values daemonsets).
+        # spec.daemonsets.tolerations (gpu-operator v26.7.0 templates/clusterpolicy.yaml, values daemonsets); MIG
+        # resources appear only once mig-manager applies the layout (spec.migManager).
+        labelled = _gpu_labelled(pool, startup, moment)
         for release in moment.rendered.releases.values():
             for policy in release.of_kind("ClusterPolicy"):
                 spec = policy.get("spec") or {}
                 if lookup(spec, "devicePlugin.enabled", True) is False:
                     continue
+                if resource.startswith("nvidia.com/mig-") and lookup(spec, "migManager.enabled", True) is False:
+                    continue
                 tolerations = tuple(Toleration.of(t) for t in lookup(spec, "daemonsets.tolerations", ()) or ())
-                yield _lands(PodNeeds("nvidia-device-plugin", tolerations=tolerations), pool, startup)
+                yield labelled and _lands(PodNeeds("nvidia-device-plugin", tolerations=tolerations), pool, startup)
+
+
+# The GPU Operator deploys its operands only to nodes labelled as NVIDIA PCI hosts, which Node Feature Discovery's
+# worker does (NVIDIA/gpu-operator v26.7.0 controllers/state_manager.go gpuNodeLabels); a pool whose nodes carry
+# such a label from the start needs no worker.
+GPU_NODE_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "feature.node.kubernetes.io/pci-0302_10de.present",
+                   "feature.node.kubernetes.io/pci-0300_10de.present")
+NFD_WORKER = {"app.kubernetes.io/name": "node-feature-discovery", "role": "worker"}  # the NFD chart's labels
+
+
+def _gpu_labelled(pool: Pool, startup: tuple[Taint, ...], moment: Moment) -> bool:
+    if any("true" in pool.labels.get(label, frozenset()) for label in GPU_NODE_LABELS):
+        return True
+    return any(pod.daemon and _lands(pod.needs(), pool, startup) for _, obj in moment.rendered.objects()
+               if NFD_WORKER.items() <= dict(lookup(obj, "metadata.labels") or {}).items()
+               and (pod := workload(obj)) is not None)
 
 
 # --------------------------------------------------------------------------------------------------- CNI
