@@ -82,11 +82,11 @@ def test_hard_on_a_co_located_pool_is_accepted(fleet: Raw) -> None:
 
 
 @pytest.mark.parametrize("tier", [1, 2])
-def test_hard_below_the_top_tier_of_a_co_located_pool_is_refused(prod: Raw, tier: int) -> None:
+def test_hard_below_the_top_tier_of_a_co_located_pool_is_refused(fleet: Raw, tier: int) -> None:
     """A placement group or a Capacity Block is close together, not under one layer-3 or layer-2 network node: a
     hard job bound to such a tier may never bind on the nodes Karpenter launches for it (review-topology-bringup
     finding 3)."""
-    raw = copy.deepcopy(prod)
+    raw = copy.deepcopy(fleet)
     p = _gpu_pool(raw, spot=False)
     pool = raw["nodePools"][p]
     pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
