@@ -1,9 +1,11 @@
-"""Every layout trains the same model to the same losses as one process (gloo, up to 8 processes), at any world
-size, and a checkpoint saved in one layout resumes in others with the reference losses.
+"""Every layout trains the same model to the same losses and gradient norms as one process (gloo, up to 8
+processes), at any world size, and a checkpoint saved in one layout resumes in others with the reference ones.
 
 All runs are the real trainer under torchrun (strict_trainer: the default group refuses CPU tensors, as NCCL's
-does) on the tiny config with 4 layers, 4 steps, global batch 16 and micro-batches of at most 4. Losses are fp32
-sums in a different order per layout; they agreed to within 4.8e-7 (one fp32 ulp at 4.5) when this was written.
+does) on the tiny config with 4 layers, 4 steps, global batch 16, micro-batches of at most 4 and a gradient clip
+that scales every step. Losses are fp32 sums in a different order per layout; they agreed to within 4.8e-7 (one
+fp32 ulp at 4.5) when this was written. Without the pipeline's all-reduce of the squared norm (each stage
+clipping by its own) pp2_1f1b's norms were 0.15 instead of 1.04 and its last two losses differed.
 Each run is one node (max_nodes=1): the node agent checks a layout over the whole --nnodes range first, and the
 16-sample batch cannot feed a pipeline, or every rank, at the harness's default of up to nproc nodes.
 """
@@ -23,7 +25,10 @@ from trainyard_train.progress import read_progress
 
 pytestmark = pytest.mark.slow
 STEPS = 4
-COMMON = [f"train.steps={STEPS}", "model.n_layers=4", "checkpoint.interval_steps=2"]
+CLIP = 0.1
+# Clipping binds at every step (the gradient norm is about 1 at steps 1-4), so a norm reduced wrongly over a mesh
+# (a stage's own, a shard's own, a tensor-parallel part counted twice) changes every later loss.
+COMMON = [f"train.steps={STEPS}", "model.n_layers=4", "checkpoint.interval_steps=2", f"optim.grad_clip={CLIP}"]
 FSDP = "parallel.data_parallel=fsdp"
 TOLERANCE = 5e-6  # ten times the largest difference seen
 
@@ -49,8 +54,9 @@ RESUMED: dict[str, tuple[int, list[str]]] = {
 }
 
 
-def losses(events: list[dict[str, Any]]) -> list[float]:
-    return [e["loss"] for e in steps(events)]
+def trajectory(events: list[dict[str, Any]]) -> list[float]:
+    """Each step's loss and gradient norm (before clipping), in order."""
+    return [value for e in steps(events) for value in (e["loss"], e["grad_norm"])]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """One process, DDP's layout without a wrapper."""
     events = run(tmp_path_factory.mktemp("reference") / "run", COMMON, nproc=1).events()
     assert events[0]["layout"] == "ddp1"
-    return losses(events)
+    assert [e["step"] for e in steps(events)] == list(range(1, STEPS + 1))
+    assert all(e["grad_norm"] > 2 * CLIP for e in steps(events))  # clipping scales every step
+    return trajectory(events)
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +91,15 @@ def assert_states_as_planned(events: list[dict[str, Any]], overrides: list[str],
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_layout_trains_like_one_process(name: str, reference: list[float], three_d: Path, tmp_path: Path) -> None:
+def test_layout_trains_like_one_process(name: str, reference: list[float], tmp_path: Path,
+                                        request: pytest.FixtureRequest) -> None:
     nproc, overrides, described = LAYOUTS[name]
-    if name == "pp2_fsdp2_tp2":
-        events = read_progress(three_d / "progress.jsonl")
+    if name == "pp2_fsdp2_tp2":  # the run the resume tests start from
+        events = read_progress(request.getfixturevalue("three_d") / "progress.jsonl")
     else:
         events = run(tmp_path / "run", [*COMMON, *overrides], nproc=nproc, max_nodes=1).events()
     assert events[0]["layout"] == described and events[0]["world_size"] == nproc
-    assert losses(events) == pytest.approx(reference, abs=TOLERANCE)
+    assert trajectory(events) == pytest.approx(reference, abs=TOLERANCE)
     assert_states_as_planned(events, overrides, nproc)
 
 
@@ -103,4 +112,4 @@ def test_checkpoint_resumes_in_another_layout(name: str, reference: list[float],
     shutil.copytree(step_dir(three_d / "checkpoints", 2), step_dir(run_dir / "checkpoints", 2))
     events = run(run_dir, [*COMMON, *overrides], nproc=nproc, max_nodes=1).events()
     assert events[0]["event"] == "start" and events[0]["step"] == 2, events[0]
-    assert losses(events) == pytest.approx(reference[2:], abs=TOLERANCE)
+    assert trajectory(events) == pytest.approx(reference[4:], abs=TOLERANCE)  # steps 3 and 4

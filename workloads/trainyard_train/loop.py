@@ -242,14 +242,15 @@ class Trainer:
 
     # -- training ---------------------------------------------------------------------------------
 
-    def _train_step(self, report_memory: bool = False) -> tuple[float, bool]:
+    def _train_step(self, report_memory: bool = False) -> tuple[float, bool, float | None]:
+        """The step's mean loss, whether any rank was asked to stop, and the gradient norm before clipping (None
+        without clipping)."""
         cfg, device = self.cfg, self.rt.device
         batches = self.loader.step_batches(self.samples)
         if self.trace_file is not None:
             self._trace(self.loader.last_record_ids.tolist())
         loss = self.model.forward_backward(batches)
-        if cfg.optim.grad_clip > 0:
-            self.model.clip_grad_norm_(cfg.optim.grad_clip)
+        norm = self.model.clip_grad_norm_(cfg.optim.grad_clip) if cfg.optim.grad_clip > 0 else None
         for optimizer in self.optimizers:
             optimizer.step()
         if report_memory:
@@ -264,8 +265,10 @@ class Trainer:
         stats = torch.stack([loss, torch.tensor(float(self.stop.requested), device=device)])
         if self.rt.env.world_size > 1:  # alone, the rank's own loss and vote are already the answer
             dist.all_reduce(stats, group=self.rt.device_group)
-        mean_loss, votes = stats.tolist()  # the step's one host sync
-        return mean_loss, votes > 0
+        if norm is not None:  # the whole model's norm, the same on every rank: read, not reduced
+            stats = torch.cat([stats, norm.reshape(1).to(stats.dtype)])
+        mean_loss, votes, *grad_norm = stats.tolist()  # the step's one host sync
+        return mean_loss, votes > 0, grad_norm[0] if grad_norm else None
 
     def _report_memory(self) -> None:
         """Once per run: the bytes each rank holds, by layout (benches, planner checks). In the second step, so
@@ -316,7 +319,7 @@ class Trainer:
         report_at = min(self.step + 2, cfg.train.steps)
         while self.step < cfg.train.steps:
             started = time.perf_counter()
-            loss, stopped = self._train_step(report_memory=self.step + 1 == report_at)
+            loss, stopped, grad_norm = self._train_step(report_memory=self.step + 1 == report_at)
             elapsed = time.perf_counter() - started
             if not math.isfinite(loss):  # the same mean on every rank: all stop here, nothing saved
                 raise ConfigError(f"optim.lr: the loss is {loss} at step {self.step}; training diverged "
@@ -331,6 +334,7 @@ class Trainer:
                     samples=self.samples,
                     seconds=elapsed,
                     grad_bytes=grad_bytes,
+                    grad_norm=grad_norm,
                 )
                 log.info(kv("step", step=self.step, loss=loss, sps=cfg.train.global_batch_size / elapsed))
             self.checkpointer.poll()
