@@ -40,7 +40,7 @@ from trainyard_train.config import Config, load_config  # noqa: E402
 from trainyard_train.distributed import DistEnv, destroy_distributed, init_distributed  # noqa: E402
 from trainyard_train.loop import Trainer  # noqa: E402
 from trainyard_train.model import DecoderLM  # noqa: E402
-from trainyard_train.planner import estimate, parameter_count  # noqa: E402
+from trainyard_train.planner import NVIDIA_SMI_MIB, estimate, gpu_memory_bytes, parameter_count  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 CONFIG = REPO / "workloads" / "configs" / ("gpt-small.yaml" if CUDA else "tiny.yaml")
@@ -230,6 +230,13 @@ def numbers(root: Path) -> None:
     device = torch.cuda.get_device_name() if CUDA else "CPU"
     print(f"device: {device}; torch {torch.__version__}; config {CONFIG.name} ({parameter_count(cfg) / 1e6:.1f}M "
           f"parameters); {tokens_per_step} tokens/step")
+    if CUDA:  # the planner's table of what CUDA gives each GPU model (planner.py CUDA_TOTAL_MIB), measured here
+        total = torch.cuda.mem_get_info()[1]
+        planned = ", ".join(f"{gpu} {gpu_memory_bytes(gpu) / MiB:.0f} MiB" for gpu in NVIDIA_SMI_MIB
+                            if gpu.split("-")[0] in device)
+        print(f"CUDA total memory (torch.cuda.mem_get_info): {total / MiB:.0f} MiB; planner: {planned or 'no entry'}")
+    else:
+        skip("torch.cuda.mem_get_info total")
     peak = matmul_peak_tflops() if CUDA else None
     if peak is None:
         skip("bf16 matmul peak")

@@ -6,13 +6,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from types import SimpleNamespace
 
 import pytest
+from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.readiness import RULES
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import available_stacks, read_stack, render
-from trainyard.plan.trainer_check import trainer_problem
+from trainyard.plan.trainer_check import device_memory, trainer_problem
+from trainyard_train.planner import gpu_memory_bytes
 
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
@@ -78,3 +81,15 @@ def test_a_model_too_large_for_the_pools_gpus_is_named_with_the_estimate() -> No
     bad = with_args(job, "model.d_model=16384", "model.n_heads=128", "model.n_layers=48", nnodes="1:2", nproc=8)
     (problem,) = problems(recording, [bad]).values()
     assert problem is not None and "GiB" in problem and "more than the GPU's" in problem, problem
+
+
+@pytest.mark.parametrize("instance_type", sorted(n for n, it in INSTANCE_TYPES.items() if it.gpu is not None))
+def test_a_pools_gpu_memory_is_what_cuda_reports_not_the_nominal_size(instance_type: str) -> None:
+    """The trainer's own check compares with CUDA's total (torch.cuda.mem_get_info), below the nominal size: a plan
+    counting the nominal size passed jobs whose every worker then refused to start on the nodes bought for it."""
+    it = INSTANCE_TYPES[instance_type]
+    assert it.gpu is not None
+    pools = {"gpus": SimpleNamespace(offers=[SimpleNamespace(instance_type=instance_type)])}
+    pod = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}],
+           "nodeSelector": {"trainyard.io/pool": "gpus"}}
+    assert device_memory(pod, pools) == gpu_memory_bytes(it.gpu.value) < it.gpu_memory_gib * 2**30

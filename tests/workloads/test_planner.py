@@ -15,7 +15,16 @@ from torch.autograd.graph import saved_tensors_hooks
 from trainyard_train.config import ConfigError, load_config
 from trainyard_train.exitcodes import CONFIG_ERROR
 from trainyard_train.model import DecoderLM
-from trainyard_train.planner import GPU_MEMORY_GIB, GiB, check_fits, estimate, parameter_count, suggest
+from trainyard_train.planner import (
+    NVIDIA_SMI_MIB,
+    GiB,
+    MiB,
+    check_fits,
+    estimate,
+    gpu_memory_bytes,
+    parameter_count,
+    suggest,
+)
 
 CONFIGS = Path(trainer_launch.WORKLOADS) / "configs"
 SEVEN_B = CONFIGS / "llama-7b.yaml"
@@ -87,7 +96,7 @@ def test_layouts_divide_what_they_shard() -> None:
 
 def test_check_fits_refuses_by_key_with_a_layout_that_fits() -> None:
     cfg = load_config(SEVEN_B, ["parallel.data_parallel=ddp"])
-    h100 = GPU_MEMORY_GIB["H100-80GB"] * GiB
+    h100 = gpu_memory_bytes("H100-80GB")
     with pytest.raises(ConfigError) as excinfo:
         check_fits(cfg, world_size=16, local_world_size=8, device_memory_bytes=h100)
     message = str(excinfo.value)
@@ -98,7 +107,13 @@ def test_check_fits_refuses_by_key_with_a_layout_that_fits() -> None:
     shipped = load_config(SEVEN_B)
     for nodes in range(2, 9):
         check_fits(shipped, world_size=8 * nodes, local_world_size=8, device_memory_bytes=h100)
-    check_fits(shipped, world_size=16, local_world_size=8, device_memory_bytes=GPU_MEMORY_GIB["A100-40GB"] * GiB)
+    check_fits(shipped, world_size=16, local_world_size=8, device_memory_bytes=gpu_memory_bytes("A100-40GB"))
+
+
+@pytest.mark.parametrize("gpu", sorted(NVIDIA_SMI_MIB))
+def test_gpu_memory_is_below_what_nvidia_smi_reports_and_its_nominal_size(gpu: str) -> None:
+    nominal = int(gpu.rsplit("-", 1)[1].removesuffix("GB"))  # "H200-141GB": 141
+    assert gpu_memory_bytes(gpu) < NVIDIA_SMI_MIB[gpu] * MiB <= nominal * GiB
 
 
 def test_suggestions_fit_and_prefer_the_fewest_model_parallel_ranks() -> None:

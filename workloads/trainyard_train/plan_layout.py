@@ -17,7 +17,16 @@ from collections.abc import Sequence
 
 from .config import ConfigError, load_config
 from .exitcodes import CONFIG_ERROR
-from .planner import GPU_MEMORY_GIB, GiB, describe_candidate, estimate, layout_of, parameter_count, suggest
+from .planner import (
+    NVIDIA_SMI_MIB,
+    GiB,
+    describe_candidate,
+    estimate,
+    gpu_memory_bytes,
+    layout_of,
+    parameter_count,
+    suggest,
+)
 from .validate import check_node_range
 
 PROG = "python -m trainyard_train.plan_layout"
@@ -40,7 +49,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="trainer config file")
     memory = parser.add_mutually_exclusive_group(required=True)
-    memory.add_argument("--gpu", choices=sorted(GPU_MEMORY_GIB), help="GPU model of the pool")
+    memory.add_argument("--gpu", choices=sorted(NVIDIA_SMI_MIB), help="GPU model of the pool (its memory as CUDA "
+                        "reports it, planner.py)")
     memory.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU, GiB")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="processes (GPUs) per node (default 8)")
     parser.add_argument("--nodes", type=_nodes, default=(1, 1), help="node count or MIN:MAX range (default 1)")
@@ -51,8 +61,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    gib = float(GPU_MEMORY_GIB[args.gpu]) if args.gpu else args.gpu_memory_gib
-    device = int(gib * GiB)
+    device = gpu_memory_bytes(args.gpu) if args.gpu else int(args.gpu_memory_gib * GiB)
+    gib = device / GiB
     per_node, (first, last) = args.gpus_per_node, args.nodes
     world = first * per_node
     try:
@@ -65,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = cfg.model
     print(f"model: {parameter_count(cfg) / 1e9:.3f}B parameters, {m.n_layers} layers of {m.d_model}; global batch "
           f"{cfg.train.global_batch_size} x {m.seq_len} tokens, micro-batches of at most {cfg.train.micro_batch_size}")
-    print(f"GPU: {args.gpu or 'custom'} {gib:g} GiB; nodes {first}:{last} x {per_node} processes")
+    print(f"GPU: {args.gpu or 'custom'} {gib:.2f} GiB; nodes {first}:{last} x {per_node} processes")
     fits = need.total <= device
     print(f"config layout {layout_of(cfg, world).describe()} (ac {cfg.parallel.ac}) at {first} node(s): busiest rank "
           f"{need.describe()}: {'fits' if fits else 'does NOT fit'}")

@@ -52,12 +52,31 @@ from .layout import Layout, MicroBatchPlan, for_config, stage_layers
 from .validate import check_launch
 
 GiB = 2**30
+MiB = 2**20
 OVERHEAD_BYTES = 4 * GiB
 """CUDA context + NCCL/EFA buffers + fragmentation: an assumption (topology-and-parallelism.md B.4), not measured."""
-# Nominal memory of the GPU models the platform's pools carry (infra/trainyard/config/instance_types.py GpuModel,
-# from the AWS accelerated-computing instance pages), in GiB as nvidia-smi reports them rounded.
-GPU_MEMORY_GIB = {"A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80, "H200-141GB": 141, "A10G-24GB": 24,
-                  "L4-24GB": 24, "L40S-48GB": 48}
+# The GPU models of the platform's pools (infra/trainyard/config/instance_types.py GpuModel). A model's nominal
+# size overstates what a job can use: nvidia-smi's memory.total, from public nvidia-smi tables naming the model
+# ("NVIDIA H200 ... / 143771MiB", "NVIDIA A10G ... / 23028MiB"; the A100s' are exactly 40 and 80 GiB) ...
+NVIDIA_SMI_MIB = {"A100-40GB": 40960, "A100-80GB": 81920, "H100-80GB": 81559, "H200-141GB": 143771,
+                  "A10G-24GB": 23028, "L4-24GB": 23034, "L40S-48GB": 46068}
+# ... and less again, the total CUDA reports (cudaMemGetInfo: what preflight.check_memory compares with, and what
+# torch's out-of-memory message calls "total capacity"): the driver keeps the rest. The lowest figure found in
+# public out-of-memory messages on the model, rounded down to MiB (the messages print GiB to 2 decimals).
+CUDA_TOTAL_MIB = {
+    "A100-40GB": 40442,  # 39.50 GiB on one A100 40 GB (github.com/TianheWu/CoSeR/issues/10)
+    "A100-80GB": 81034,  # 79.14 GiB on an A100 80 GB (github.com/lianqi1008/Control-GIC/issues/6; 79.25 elsewhere)
+    "H100-80GB": 81003,  # 79.11 GiB on an H100 (github.com/vllm-project/vllm/issues/27508; 79.18-79.21 elsewhere)
+    "H200-141GB": 143150,  # 139.80 GiB on 8 x H200 (public training logs; 139.81 elsewhere)
+}
+DRIVER_RESERVE_MIB = max(NVIDIA_SMI_MIB[gpu] - mib for gpu, mib in CUDA_TOTAL_MIB.items())
+"""For a model with no CUDA figure found (A10G, L4, L40S): nvidia-smi's total less the largest difference above
+(886 MiB, the A100 80 GB's), an assumption until measured (bench/gpu.py prints torch.cuda.mem_get_info)."""
+
+
+def gpu_memory_bytes(gpu: str) -> int:
+    """What CUDA gives a job on one GPU of this model (KeyError for a model the table does not hold)."""
+    return CUDA_TOTAL_MIB.get(gpu, NVIDIA_SMI_MIB[gpu] - DRIVER_RESERVE_MIB) * MiB
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The check is the trainer's own (workloads/trainyard_train: `validate.check_node_range`, `planner.check_fits`; pure
 Python, no torch), run on what the job really passes it: the trainer config from the job's ConfigMap and the
 overrides in the container's args, `--nnodes=MIN:MAX` and `--nproc-per-node` from the same line, and the device
-memory of the smallest GPU (or MIG slice) the job's pods can be given. Memory is checked at MIN nodes, where each
+memory of the smallest GPU (as CUDA reports it, `planner.gpu_memory_bytes`; or MIG slice) the job's pods can be
+given. Memory is checked at MIN nodes, where each
 rank holds the most (data-parallel sharding divides by the world).
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainyard_train.config import ConfigError, parse_config
-from trainyard_train.planner import check_fits
+from trainyard_train.planner import check_fits, gpu_memory_bytes
 from trainyard_train.safe_yaml import InvalidYamlError, load
 from trainyard_train.validate import check_node_range
 
@@ -23,7 +24,6 @@ from trainyard.plan.recording import ResourceRecord
 
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 TRAINER_MODULE = "trainyard_train"
-GIB = 1024**3
 # NVIDIA names a MIG profile by its compute slices and its memory: <n>g.<m>gb (NVIDIA MIG user guide, "Supported
 # MIG Profiles").
 _MIG_MEMORY = re.compile(r"nvidia\.com/mig-\d+g\.(\d+)gb")
@@ -52,7 +52,7 @@ def _config_text(record: ResourceRecord, pod: Mapping[str, Any], path: str,
     return None
 
 
-def _device_memory(pod: Mapping[str, Any], pools: Mapping[str, Any]) -> int | None:
+def device_memory(pod: Mapping[str, Any], pools: Mapping[str, Any]) -> int | None:
     """Bytes of the smallest device a pod of this job can get, or None for a CPU pod."""
     (container,) = pod["containers"]
     limits = container.get("resources", {}).get("limits", {})
@@ -62,9 +62,10 @@ def _device_memory(pod: Mapping[str, Any], pools: Mapping[str, Any]) -> int | No
     if "nvidia.com/gpu" not in limits:
         return None
     pool = pools.get(pod.get("nodeSelector", {}).get("trainyard.io/pool"))
-    sizes = [INSTANCE_TYPES[o.instance_type].gpu_memory_gib for o in getattr(pool, "offers", ())
-             if o.instance_type in INSTANCE_TYPES and INSTANCE_TYPES[o.instance_type].gpu_memory_gib]
-    return min(sizes) * GIB if sizes else None
+    # What CUDA reports, below the nominal size: the total the trainer's own memory check compares with.
+    types = [INSTANCE_TYPES[o.instance_type] for o in getattr(pool, "offers", ()) if o.instance_type in INSTANCE_TYPES]
+    sizes = [gpu_memory_bytes(it.gpu.value) for it in types if it.gpu is not None]
+    return min(sizes) if sizes else None
 
 
 def trainer_problem(record: ResourceRecord, records: Mapping[str, ResourceRecord],
@@ -89,7 +90,7 @@ def trainer_problem(record: ResourceRecord, records: Mapping[str, ResourceRecord
     try:
         cfg = parse_config(load(text) or {}, trainer[2:])
         check_node_range(cfg, nproc_per_node=nproc, min_nodes=int(low), max_nodes=int(high or low))
-        memory = _device_memory(pod, pools)
+        memory = device_memory(pod, pools)
         if memory is not None:
             check_fits(cfg, world_size=int(low) * nproc, local_world_size=nproc, device_memory_bytes=memory)
     except (ConfigError, InvalidYamlError) as exc:
