@@ -221,6 +221,14 @@ class Checkpointer:
         self.wait()
         self._committer.shutdown()
 
+    def close_after_error(self) -> None:
+        """close() on the way out of an error: the save in flight finishes (or fails) first; its own failure is
+        logged, not raised over the error already on its way."""
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning(kv("checkpoint_save_failed", error=repr(exc)))
+
     def _commit(self, step: int, path: Path, meta: dict[str, Any], started: float) -> None:
         # Only rank 0 touches COMMIT and retention; see the module docstring for why this is safe.
         if self.is_main:

@@ -314,7 +314,26 @@ class Trainer:
         port = resolve_port(cfg.metrics.port)
         if env.is_main and port:
             self.metrics.serve(port)
-        last_saved = self.step if resumed else None
+        try:
+            stopped = self._train(saved=self.step if resumed else None)
+        except BaseException:
+            # The caller destroys the process groups next: a save in flight must not be sending on them then.
+            self.checkpointer.close_after_error()
+            raise
+        self.stop.cancel()
+        if stopped:
+            log.warning(kv("stopped", step=self.step, signal=self.stop.signal_name))
+            self.progress.write("stopped", step=self.step, signal=self.stop.signal_name)
+            if self.stop.signalled_here:  # the checkpoint is committed: now keep torchrun from restarting us
+                return final_exit(STOPPED)
+            return STOPPED
+        self.progress.write("done", step=self.step, samples=self.samples)
+        return 0
+
+    def _train(self, saved: int | None) -> bool:
+        """Steps until done or stopped, then the last checkpoint, committed; whether a stop ended it."""
+        cfg = self.cfg
+        last_saved = saved
         stopped = False
         report_at = min(self.step + 2, cfg.train.steps)
         while self.step < cfg.train.steps:
@@ -347,12 +366,4 @@ class Trainer:
         if last_saved != self.step:
             self.save()
         self.checkpointer.close()
-        self.stop.cancel()
-        if stopped:
-            log.warning(kv("stopped", step=self.step, signal=self.stop.signal_name))
-            self.progress.write("stopped", step=self.step, signal=self.stop.signal_name)
-            if self.stop.signalled_here:  # the checkpoint is committed: now keep torchrun from restarting us
-                return final_exit(STOPPED)
-            return STOPPED
-        self.progress.write("done", step=self.step, samples=self.samples)
-        return 0
+        return stopped
