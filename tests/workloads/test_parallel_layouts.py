@@ -40,7 +40,7 @@ LAYOUTS: dict[str, tuple[int, list[str], str]] = {
     "fsdp2_tp2": (4, [FSDP, "parallel.tp=2"], "dp_shard2xtp2"),
     "pp2_1f1b": (2, [FSDP, "parallel.pp=2"], "pp2xdp_shard1 1F1B"),
     "pp2_interleaved": (2, [FSDP, "parallel.pp=2", "parallel.pp_schedule=Interleaved1F1B"],
-                        "pp2xdp_shard1 Interleaved1F1B"),
+                        "pp2xdp_shard1 Interleaved1F1B 2 stages per rank"),
     "pp2_fsdp2_tp2": (8, [FSDP, "parallel.pp=2", "parallel.tp=2"], "pp2xdp_shard2xtp2 1F1B"),
     # Any world size: 16 samples over 3 ranks are shares of 6, 5 and 5 (2 micro-batches of 3 rows each).
     "ddp3": (3, [], "ddp3"),

@@ -125,6 +125,17 @@ def test_resolve_infers_the_data_parallel_dimension() -> None:
     assert (ddp.dp, ddp.describe()) == (3, "ddp3")
 
 
+def test_the_layout_names_its_stages_per_rank() -> None:
+    """The restore check compares described layouts: rank-local state must not cross a change of stage count."""
+    def interleaved(stages: int) -> str:
+        cfg = parse_config({"model": {"n_layers": 8}, "parallel": {"data_parallel": "fsdp", "pp": 2,
+                            "pp_schedule": "Interleaved1F1B", "pp_stages_per_rank": stages}})
+        return resolve(cfg.parallel, 4).describe()
+
+    assert interleaved(2) == "pp2xdp_shard2 Interleaved1F1B 2 stages per rank"
+    assert interleaved(4) == "pp2xdp_shard2 Interleaved1F1B 4 stages per rank"
+
+
 @pytest.mark.parametrize(("global_batch", "micro", "dp", "count", "rows"),
                          [(512, 8, 8, 8, 8), (512, 8, 64, 1, 8), (16, 4, 3, 2, 3), (16, 4, 1, 4, 4), (10, 4, 1, 3, 4),
                           (4, 4, 8, 1, 1)])

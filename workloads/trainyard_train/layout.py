@@ -5,7 +5,9 @@ Pure Python (no torch): the trainer, validate.py, planner.py and the platform's 
 Ranks are numbered as torchtitan's ``ParallelDims`` orders its mesh, ``(pp, dp_replicate, dp_shard, tp)`` with
 tp innermost (pytorch/torchtitan@v0.2.2 torchtitan/distributed/parallel_dims.py). torchrun numbers ranks
 ``node_rank * nproc_per_node + local_rank``, so a TP group is consecutive ranks on one node whenever tp divides
-the processes per node, and the pipeline dimension is the one that crosses nodes first.
+the processes per node, and the pipeline dimension is the one that crosses nodes first: a rank's pipeline peers
+are ``world / pp`` ranks apart, on another node as soon as the world spans more than one (torchtitan's choice:
+P2P sends need the least bandwidth). A node then holds slices of several model copies, not one whole copy.
 
 Any world size. A step consumes ``G`` samples (train.global_batch_size). Data-parallel rank ``r`` of ``D`` takes a
 contiguous share of ``G // D`` or ``G // D + 1`` of them. Every rank runs the same number of micro-batches,
@@ -67,7 +69,8 @@ class Layout:
             dims += [f"ddp{self.dp}"]
         dims += [f"tp{self.tp}"] if self.tp > 1 else []
         schedule = f" {self.schedule}" if self.pp > 1 else ""
-        return "x".join(dims) + schedule
+        stages = f" {self.stages_per_rank} stages per rank" if self.stages_per_rank > 1 else ""
+        return "x".join(dims) + schedule + stages
 
     def stage_ids(self, pp_rank: int) -> list[int]:
         """The pipeline stages this pp rank runs: loop order ``r, r + pp, ...`` or V order ``r, 2pp - 1 - r``

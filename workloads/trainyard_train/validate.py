@@ -6,9 +6,11 @@
 
 Pure Python (config and layout only, no torch): the plan imports it. Each problem is a ConfigError whose message
 starts with the key to change. Elastic resizing changes only the data-parallel dimension, so a layout is
-elastic-safe when its model-parallel block (tp x pp ranks) fits inside a node: every node count then holds whole
-model copies. A block spanning k nodes needs a node count that is a multiple of k, which torchrun's
-``--nnodes=MIN:MAX`` cannot promise, so the node range must then be a single multiple of k.
+elastic-safe when tp x pp divides the processes per node: every node count then resolves to whole model copies.
+That does not put a copy on one node: pp is the outermost mesh dimension (layout.py), so TP groups stay on one
+node while pipeline stages sit on different nodes and their sends cross the network. A block wider than a node
+(k nodes) needs a node count that is a multiple of k, which torchrun's ``--nnodes=MIN:MAX`` cannot promise, so
+the node range must then be a single multiple of k.
 """
 
 from __future__ import annotations
