@@ -216,6 +216,21 @@ def test_a_chart_tree_edit_misses_every_cache(tmp_path: Path, demo: Path) -> Non
     assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 4
 
 
+def test_a_change_to_the_code_that_runs_helm_misses_every_cache(tmp_path: Path, demo: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _render(tmp_path, {"name": "web"})
+    _commit(real, tmp_path / "plans")
+    template = helm.template
+
+    def changed(*args: Any, **kwargs: Any) -> str:  # what an edit of helm.template's command line amounts to
+        return template(*args, **kwargs).replace("replicas: 1", "replicas: 2")
+
+    monkeypatch.setattr(helm, "template", changed)
+    edited = _render(tmp_path, {"name": "web"}, plans=tmp_path / "plans")
+    assert edited.renders == 2
+    assert next(edited.releases["demo"].of_kind("Deployment"))["spec"]["replicas"] == 2
+
+
 def test_the_cache_drops_the_least_recently_used_renders_beyond_its_size(tmp_path: Path, demo: Path) -> None:
     _render(tmp_path, {"name": "web"})
     cache = tmp_path / "cache"

@@ -14,21 +14,22 @@ renders nothing that its plans/ already holds, and a stack renders a chart again
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from trainyard.config.yaml_input import InputError
-from trainyard.plan import helm, render_cache
+from trainyard.plan import helm, kube_yaml, render_cache
 from trainyard.plan.conformance import upstream_dir
-from trainyard.plan.kube_yaml import load_objects
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.render_cache import CommittedRenders, Render
 
@@ -226,15 +227,24 @@ def _runtime_api_versions(records: Iterable[ResourceRecord], releases: list[_Rel
 
 
 def render_key(release: _Release, tree: Path, api_versions: Iterable[str], kube_version: str) -> str:
-    """The hash of everything that decides what `helm template` prints for the release: the Helm binary, the chart
-    tree's content, name, namespace, values, Kubernetes version, and the API versions the chart can observe (the
-    literal `.Capabilities.APIVersions.Has` strings it asks that are served; all of them where it asks otherwise)."""
+    """The hash of everything that decides the objects a release renders to: the Helm binary and the code that
+    runs it and reads its output (`helm.template`'s command line, the YAML loader, the masking), the chart tree's
+    content, name, namespace, values, Kubernetes version, and the API versions the chart can observe (the literal
+    `.Capabilities.APIVersions.Has` strings it asks that are served; all of them where it asks otherwise)."""
     facts = _tree_facts(tree)
     apis = sorted(api_versions) if facts.dynamic_has else sorted(facts.has_literals.intersection(api_versions))
     return hashlib.sha256(json.dumps({
         "format": render_cache.FORMAT, "helm": helm.HELM.sha256, "tree": facts.digest, "name": release.name,
+        "code": _code_digest(helm.template, kube_yaml, _render, _masked, _mask, object_key),
         "namespace": release.namespace, "kube": kube_version, "apis": apis, "values": release.values,
     }, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@cache
+def _code_digest(*code: Callable[..., Any] | ModuleType) -> str:
+    """The source of the functions and modules between the chart and the objects: editing one (a flag, the
+    loader) changes every key, so no cache serves what the old code rendered."""
+    return hashlib.sha256("\0".join(inspect.getsource(part) for part in code).encode()).hexdigest()
 
 
 class _Renderer:
@@ -292,7 +302,7 @@ def _render(release: _Release, tree: Path, api_versions: tuple[str, ...], kube_v
         except helm.HelmError as error:
             raise RenderError(f"Helm release {release.name} ({release.chart} {release.version}) does not render: "
                               f"{_helm_message(str(error))}") from None
-    return sorted(load_objects(text), key=object_key)
+    return sorted(kube_yaml.load_objects(text), key=object_key)
 
 
 def _helm_message(text: str) -> str:
