@@ -32,6 +32,7 @@ from trainyard.escape import escaped
 from trainyard.pipeline import to_yaml, workflow_template
 from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rendering import render_releases
 from trainyard.plan.runtime import PROJECT, StackFile, render, settings_of
 from trainyard.plan.trainer_check import trainer_problem
 from trainyard.plan.writers import is_kubernetes_object, manifest_filename, manifest_of
@@ -95,11 +96,12 @@ def render_job(stack: StackFile, spec: dict[str, Any], job_file: Path) -> list[d
     except ConfigError as exc:
         raise _problems(exc, job_file) from None
     recording = render(alone)
+    rendered = render_releases(recording, settings.cluster.kubernetes_version)
     name = settings.workloads[0].name
     records = {r.urn: r for r in recording.resources}
     mine: list[ResourceRecord] = [r for r in recording.resources if is_kubernetes_object(r) and
                                   (r.inputs.get("metadata") or {}).get("labels", {}).get(JOB_LABEL) == name]
-    pools = {p.name: p for p in cluster_state(recording.resources).pools}  # as the rehearsal sees them
+    pools = {p.name: p for p in cluster_state(recording.resources, rendered).pools}  # as the rehearsal sees them
     for record in mine:
         if record.type == VOLCANO_JOB and (problem := trainer_problem(record, records, pools)):
             raise InputError(f"{job_file}: trainerConfig: {problem}")

@@ -12,8 +12,8 @@ import pytest
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.readiness import RULES
-from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack
 from trainyard.plan.trainer_check import device_memory, trainer_problem
 from trainyard_train.planner import gpu_memory_bytes
 
@@ -21,15 +21,15 @@ JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
 
 @functools.cache
-def recorded(stack: str) -> Recording:
-    return render(read_stack(stack))
+def planned(stack: str) -> StackPlan:
+    return plan_stack(read_stack(stack))
 
 
-def problems(recording: Recording, jobs: list[ResourceRecord] | None = None) -> dict[str, str | None]:
-    pools = {pool.name: pool for pool in cluster_state(recording.resources).pools}
-    records = recording.by_urn()
+def problems(plan: StackPlan, jobs: list[ResourceRecord] | None = None) -> dict[str, str | None]:
+    pools = {pool.name: pool for pool in cluster_state(plan.recording.resources, plan.rendered).pools}
+    records = plan.recording.by_urn()
     return {r.name: trainer_problem(r, records, pools)
-            for r in (jobs if jobs is not None else recording.resources) if r.type == JOB}
+            for r in (jobs if jobs is not None else plan.recording.resources) if r.type == JOB}
 
 
 def with_args(record: ResourceRecord, *extra: str, nnodes: str, nproc: int) -> ResourceRecord:
@@ -42,15 +42,15 @@ def with_args(record: ResourceRecord, *extra: str, nnodes: str, nproc: int) -> R
     return dataclasses.replace(record, inputs=inputs)
 
 
-def gpu_trainer_job() -> tuple[Recording, ResourceRecord]:
+def gpu_trainer_job() -> tuple[StackPlan, ResourceRecord]:
     """Some stack's rendered trainer job on whole GPUs (whichever comes first: the test pins no stack)."""
     for stack in available_stacks():
-        for record in recorded(stack).resources:
+        for record in planned(stack).recording.resources:
             pod = record.inputs.get("spec", {}).get("tasks", [{}])[0].get("template", {}).get("spec", {})
             container = (pod.get("containers") or [{}])[0]
             if (record.type == JOB and "trainyard_train" in container.get("args", [])
                     and "nvidia.com/gpu" in container.get("resources", {}).get("limits", {})):
-                return recorded(stack), record
+                return planned(stack), record
     raise AssertionError("no stack renders a trainer job on whole GPUs")
 
 
@@ -60,26 +60,26 @@ def test_the_rule_is_in_the_rehearsal() -> None:
 
 @pytest.mark.parametrize("stack", available_stacks())
 def test_every_rendered_training_job_passes_the_trainers_own_checks(stack: str) -> None:
-    found = problems(recorded(stack))
+    found = problems(planned(stack))
     assert {name: p for name, p in found.items() if p is not None} == {}
 
 
 def test_a_shard_size_that_only_some_node_counts_divide_is_named_with_the_count() -> None:
-    recording, job = gpu_trainer_job()
+    plan, job = gpu_trainer_job()
     # Shards of two 8-GPU nodes: a world of 2 or 4 nodes divides, 3 does not.
     bad = with_args(job, "comm.hook=allreduce", "parallel.data_parallel=fsdp", "parallel.dp_shard=16",
                     "parallel.dp_replicate=-1", nnodes="2:4", nproc=8)
-    (problem,) = problems(recording, [bad]).values()
+    (problem,) = problems(plan, [bad]).values()
     assert problem is not None and "parallel.dp_shard" in problem and "at 3 node(s)" in problem, problem
     good = with_args(job, "comm.hook=allreduce", "parallel.data_parallel=fsdp", "parallel.dp_shard=16",
                      "parallel.dp_replicate=-1", nnodes="2:2", nproc=8)
-    assert problems(recording, [good]) == {good.name: None}
+    assert problems(plan, [good]) == {good.name: None}
 
 
 def test_a_model_too_large_for_the_pools_gpus_is_named_with_the_estimate() -> None:
-    recording, job = gpu_trainer_job()
+    plan, job = gpu_trainer_job()
     bad = with_args(job, "model.d_model=16384", "model.n_heads=128", "model.n_layers=48", nnodes="1:2", nproc=8)
-    (problem,) = problems(recording, [bad]).values()
+    (problem,) = problems(plan, [bad]).values()
     assert problem is not None and "GiB" in problem and "more than the GPU's" in problem, problem
 
 

@@ -94,22 +94,15 @@ def _rendered(record: ResourceRecord, rendered: RenderedStack) -> tuple[Mapping[
     return release.objects if release is not None else ()
 
 
-def _release_values(record: ResourceRecord) -> Mapping[str, Any]:
-    values = record.inputs.get("values")
-    return values if isinstance(values, Mapping) else {}
-
-
 def releases(records: Iterable[ResourceRecord]) -> dict[str, ResourceRecord]:
     """Chart name -> its Release record."""
     return {chart_name(str(r.inputs.get("chart", ""))): r for r in records if r.type == RELEASE}
 
 
-def cluster_state(records: Iterable[ResourceRecord], rendered: RenderedStack | None = None) -> ClusterState:
-    """What `records` add up to; `rendered` is what their Helm releases install. Without it the state has the
-    pools, CNI and add-ons, but no CephCluster or chart storage classes and Volcano's built-in scheduler
-    configuration (the rehearsal always passes it; a caller that wants the pools alone need not render)."""
+def cluster_state(records: Iterable[ResourceRecord], rendered: RenderedStack) -> ClusterState:
+    """What `records` add up to; `rendered` is what their Helm releases install (the pools too depend on it: the
+    taints the CNI removes, the capacity Karpenter's NodeOverlays add only with its feature gate on)."""
     records = sorted(records, key=lambda r: r.urn)  # the same state whatever order the program registered in
-    rendered = rendered if rendered is not None else RenderedStack(releases={})
     charts = releases(records)
     objects = {chart: _rendered(record, rendered) for chart, record in charts.items()}
     addons = frozenset(str(r.inputs.get("addonName")) for r in records if r.type == EKS_ADDON)
@@ -117,9 +110,9 @@ def cluster_state(records: Iterable[ResourceRecord], rendered: RenderedStack | N
     existing = any(r.type == K8S_PROVIDER and "context" in r.inputs for r in records) and not any(
         r.type == EKS_CLUSTER for r in records)
     karpenter = charts.get("karpenter")
-    gate = bool(karpenter and lookup(_release_values(karpenter), "settings.featureGates.nodeOverlay", False))
+    gate = karpenter is not None and _karpenter_gates(objects["karpenter"]).get("NodeOverlay", False)
     overlays = [r for r in records if r.type == NODE_OVERLAY]
-    removed = _cni_removed_taints(charts)
+    removed = _cni_removed_taints(objects["cilium"]) if "cilium" in charts else frozenset()
     pools = [_managed_pool(r, removed) for r in records if r.type == NODE_GROUP]
     if karpenter is not None and cni is not None:
         classes = {str(r.inputs["metadata"]["name"]) for r in records if r.type == NODE_CLASS}
@@ -177,14 +170,61 @@ def _offer(instance_type: str) -> InstanceOffer | None:
     return InstanceOffer(instance_type, resources)
 
 
-def _cni_removed_taints(charts: Mapping[str, ResourceRecord]) -> frozenset[str]:
-    """Taint keys the CNI removes from a node once its agent runs there: Cilium's operator removes its
-    agentNotReadyTaintKey from nodes with a healthy agent (cilium 1.20.0 values.yaml: operator.removeNodeTaints true,
-    agentNotReadyTaintKey node.cilium.io/agent-not-ready)."""
-    cilium = charts.get("cilium")
-    if cilium is None or lookup(_release_values(cilium), "operator.removeNodeTaints", True) is False:
+def _cni_removed_taints(objects: tuple[Mapping[str, Any], ...]) -> frozenset[str]:
+    """Taint keys the CNI removes from a node once its agent runs there: Cilium's operator removes the agent-not-ready
+    taint while `remove-cilium-node-taints` (default true) in the configuration directory its `--config-dir` names,
+    the rendered cilium-config ConfigMap, is true (cilium 1.20.0 operator/watchers NodeTaintSyncConfig;
+    pkg/option/config.go `agent-not-ready-taint-key`)."""
+    config = _config_dir(objects, "cilium-operator")
+    if config is None or not _go_bool(config.get("remove-cilium-node-taints", "true")):
         return frozenset()
-    return frozenset({str(lookup(_release_values(cilium), "agentNotReadyTaintKey", CILIUM_AGENT_NOT_READY))})
+    return frozenset({str(config.get("agent-not-ready-taint-key", CILIUM_AGENT_NOT_READY))})
+
+
+def _karpenter_gates(objects: tuple[Mapping[str, Any], ...]) -> dict[str, bool]:
+    """The feature gates the rendered Karpenter controller runs with: `--feature-gates` in its args, else its
+    FEATURE_GATES env (kubernetes-sigs/karpenter pkg/operator/options/options.go: the flag defaults to the env,
+    ParseFeatureGates reads `Name=bool,...` with cliflag.NewMapStringBool; a gate it does not list is off)."""
+    for container in _containers(objects, "Deployment"):
+        env = {str(e.get("name")): e.get("value") for e in container.get("env") or ()}
+        flags = [str(a).removeprefix("--feature-gates=") for a in container.get("args") or ()
+                 if str(a).startswith("--feature-gates=")]
+        text = flags[-1] if flags else env.get("FEATURE_GATES")
+        if text is not None:
+            pairs = (item.split("=", 1) for item in str(text).split(",") if "=" in item)
+            return {name.strip(): _go_bool(value.strip()) for name, value in pairs}
+    return {}
+
+
+def _config_dir(objects: tuple[Mapping[str, Any], ...], container_name: str) -> Mapping[str, Any] | None:
+    """The ConfigMap data a Deployment's container reads from the directory its `--config-dir=` names (the volume
+    mounted there), as Cilium's agents and operator read their options; None where no such container runs."""
+    for obj in objects:
+        if obj.get("kind") != "Deployment":
+            continue
+        volumes = {str(v.get("name")): v for v in lookup(obj, "spec.template.spec.volumes", ()) or ()}
+        for container in lookup(obj, "spec.template.spec.containers", ()) or ():
+            if container.get("name") != container_name:
+                continue
+            folders = [str(a).removeprefix("--config-dir=") for a in container.get("args") or ()
+                       if str(a).startswith("--config-dir=")]
+            for mount in container.get("volumeMounts") or ():
+                if folders and posixpath.normpath(str(mount.get("mountPath"))) == posixpath.normpath(folders[-1]):
+                    name = lookup(volumes.get(str(mount.get("name")), {}), "configMap.name")
+                    return next((o.get("data") or {} for o in objects
+                                 if o.get("kind") == "ConfigMap" and lookup(o, "metadata.name") == name), {})
+    return None
+
+
+def _containers(objects: tuple[Mapping[str, Any], ...], kind: str) -> Iterable[Mapping[str, Any]]:
+    for obj in objects:
+        if obj.get("kind") == kind:
+            yield from lookup(obj, "spec.template.spec.containers", ()) or ()
+
+
+def _go_bool(value: Any) -> bool:
+    """A flag value as Go's strconv.ParseBool reads it (anything else fails the controller's start: off here)."""
+    return str(value) in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def _managed_pool(record: ResourceRecord, removed: frozenset[str] = frozenset()) -> Pool:
