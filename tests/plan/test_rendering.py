@@ -272,8 +272,9 @@ def test_every_stack_renders_every_release_with_pinned_images_only() -> None:
         assert unpinned(planned.rendered) == [], stack
 
 
-def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
-    """The GPU Operator's tree defaults its operator and validator to `main-latest` (.Chart.AppVersion)."""
+def test_a_default_image_is_the_stamped_releases_not_the_trees() -> None:
+    """The GPU Operator's tree defaults its operator and validator to .Chart.AppVersion, `main-latest` in the
+    source; rendered from the archive stamped as NVIDIA packages v26.7.0, the default is the release's tag."""
     planned = plan_stack(stack_file(FLEET))
     records = []
     for record in planned.recording.resources:
@@ -282,9 +283,39 @@ def test_an_unstamped_default_image_is_found_in_the_rendered_objects() -> None:
             record = dataclasses.replace(record, inputs={**record.inputs, "values": values})
             records.append(record)
     rendered = render_releases(Recording(resources=records), planned.settings.cluster.kubernetes_version)
-    found = unpinned(rendered)
-    assert any("Deployment/gpu-operator" in line and ":main-latest" in line for line in found), found
-    assert any("ClusterPolicy/cluster-policy spec.validator" in line for line in found), found
+    operator = next(o for o in rendered.releases["gpu-operator"].of_kind("Deployment")
+                    if o["metadata"]["name"] == "gpu-operator")
+    version = rendered.releases["gpu-operator"].version
+    assert operator["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f":{version}")
+    assert unpinned(rendered) == []
+
+
+def _chart_labels(obj: Any) -> Any:
+    """Every `helm.sh/chart` label of an object and of the pods it templates."""
+    for metadata in (obj.get("metadata") or {}, ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}):
+        label = (metadata.get("labels") or {}).get("helm.sh/chart")
+        if label is not None:
+            yield str(label)
+
+
+def test_every_chart_label_reads_the_pinned_version() -> None:
+    """Publishers stamp the release into Chart.yaml when they package it; the trees are unstamped sources, so the
+    plan stamps them as `helm package --version --app-version` does (Karpenter's tree says 1.13.0, the GPU
+    Operator's v1.0.0-devel, Rook's 0.0.1)."""
+    for stack in available_stacks():
+        for release in plan_stack(read_stack(stack)).rendered.releases.values():
+            own = [label for obj in release.objects for label in _chart_labels(obj)
+                   if label.startswith(f"{release.chart}-") and label[len(release.chart) + 1:][:1].isdigit()
+                   or label.startswith(f"{release.chart}-v")]
+            assert all(label == f"{release.chart}-{release.version}" for label in own), (stack, release.name, own)
+
+
+def test_a_tree_that_needs_a_stamp_nobody_recorded_is_refused(tmp_path: Path, demo: Path) -> None:
+    (demo / "Chart.yaml").write_text("apiVersion: v2\nname: demo\nversion: 0.9.0\n")
+    rendering._tree_facts.cache_clear()
+    with pytest.raises(RenderError, match=r"Helm release demo: the demo 1\.0\.0 source tree's Chart.yaml says "
+                                          r"version 0\.9\.0: .*appVersion.*platform/charts\.yaml"):
+        _render(tmp_path, {"name": "web"})
 
 
 def test_rendered_files_are_one_per_object_and_crds_keep_only_schema_digests() -> None:

@@ -20,7 +20,7 @@ CHARTS_FILE = Path("platform") / "charts.yaml"
 VALUES_FILE = "values.yaml"
 
 _REQUIRED = ("chart", "repository", "version", "namespace")
-_ALLOWED = frozenset((*_REQUIRED, "images"))
+_ALLOWED = frozenset((*_REQUIRED, "images", "appVersion"))
 # Exact SemVer with an optional leading "v" (Rook and the GPU Operator tag their charts that way).
 _EXACT_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?")
 _REPOSITORY_SCHEMES = ("https://", "oci://")
@@ -40,6 +40,9 @@ class ChartPin:
     namespace: str
     # Values path (dotted) -> image tag we pin over the chart default; applied by Catalogue.values().
     images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The appVersion the publisher stamps into Chart.yaml when it packages this version, where the chart's source
+    # tree says another version (trainyard.plan.rendering stamps the tree as `helm package` does).
+    app_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,9 @@ def _parse_pin(where: Path, release: str, entry: object) -> ChartPin:
     for path, tag in images.items():
         if not isinstance(tag, str) or not tag or tag in _FLOATING_TAGS:
             raise CatalogueError(f"{prefix}.images.{path}: {tag!r} is not a pinned image tag")
+    app_version = entry.get("appVersion")
+    if app_version is not None and (not isinstance(app_version, str) or not _EXACT_VERSION.fullmatch(app_version)):
+        raise CatalogueError(f"{prefix}.appVersion: {app_version!r} is not an exact version (as the release has it)")
     return ChartPin(
         release=release,
         chart=entry["chart"],
@@ -169,4 +175,5 @@ def _parse_pin(where: Path, release: str, entry: object) -> ChartPin:
         version=version,
         namespace=entry["namespace"],
         images=MappingProxyType(dict(images)),
+        app_version=app_version,
     )

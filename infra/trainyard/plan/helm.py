@@ -92,20 +92,32 @@ class HelmError(Exception):
     """`helm template` refused a release: its own message, naming the template, key or schema rule."""
 
 
-def template(name: str, chart_dir: Path, *, namespace: str, values_file: Path, kube_version: str,
+def template(name: str, chart: Path, *, namespace: str, values_file: Path, kube_version: str,
              api_versions: tuple[str, ...]) -> str:
     """`helm template` as a first `helm install` renders it: CRDs included, test hooks left out (an install never
     runs them), with the cluster's Kubernetes version and API versions as the chart's `.Capabilities`."""
-    command = [str(helm_binary()), "template", name, str(chart_dir), "--namespace", namespace,
+    command = [str(helm_binary()), "template", name, str(chart), "--namespace", namespace,
                "--kube-version", kube_version, "--values", str(values_file), "--include-crds", "--skip-tests"]
     for api in api_versions:
         command += ["--api-versions", api]
-    # No HOME, cache or repository config is read or written: every chart is a local directory.
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(values_file.parent), "HELM_CACHE_HOME":
-           str(values_file.parent / "cache"), "HELM_CONFIG_HOME": str(values_file.parent / "config"),
-           "HELM_DATA_HOME": str(values_file.parent / "data")}
+    return _run(command, values_file.parent)
+
+
+def package(chart_dir: Path, *, version: str, app_version: str, destination: Path) -> Path:
+    """`helm package --version --app-version`, as a publisher stamps its release into the chart it packages: the
+    archive of `chart_dir` whose Chart.yaml says `version` and `app_version` (the tree itself is left as it is)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    _run([str(helm_binary()), "package", str(chart_dir), "--version", version, "--app-version", app_version,
+          "--destination", str(destination)], destination)
+    (archive,) = destination.glob("*.tgz")
+    return archive
+
+
+def _run(command: list[str], home: Path) -> str:
+    # No HOME, cache or repository config is read or written: every chart is a local directory or archive.
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise HelmError(result.stderr.strip().removeprefix("Error: ") or f"helm exited {result.returncode}")
     return result.stdout
-

@@ -27,7 +27,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import yaml
+
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.yaml_input import InputError
+from trainyard.paths import REPO_ROOT
 from trainyard.plan import helm, kube_yaml, render_cache
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
@@ -168,6 +172,7 @@ class _TreeFacts:
     random: bool  # a template generates random material
     has_literals: frozenset[str]  # the strings its templates pass to .Capabilities.APIVersions.Has
     dynamic_has: bool  # some .Capabilities.APIVersions use is not a literal .Has
+    version: str  # what its Chart.yaml says
 
 
 @cache
@@ -184,7 +189,26 @@ def _tree_facts(tree: Path) -> _TreeFacts:
         found = _HAS_LITERAL.findall(text)
         literals.update(f.decode() for f in found)
         dynamic = dynamic or text.count(b"APIVersions") > len(found)
-    return _TreeFacts(digest.hexdigest(), crds, random, frozenset(literals), dynamic)
+    chart = yaml.safe_load((tree / "Chart.yaml").read_text(encoding="utf-8")) or {}
+    return _TreeFacts(digest.hexdigest(), crds, random, frozenset(literals), dynamic, str(chart.get("version")))
+
+
+def _stamp(release: _Release, tree: Path) -> tuple[str, str] | None:
+    """(version, appVersion) the chart's publisher stamps into Chart.yaml when it packages the pinned release, where
+    the source tree says another version (None where it already says the pinned one): the appVersion is the one
+    platform/charts.yaml records from the release's own data, never guessed."""
+    said = _tree_facts(tree).version
+    if said == release.version:
+        return None
+    pins = [(name, pin) for name, pin in load_catalogue(REPO_ROOT).pins.items()
+            if chart_name(pin.chart) == release.chart and pin.version == release.version]
+    if not pins or pins[0][1].app_version is None:
+        where = (f"releases.{pins[0][0]}.appVersion" if pins
+                 else f"the appVersion of a release pinning {release.chart} {release.version}")
+        raise RenderError(f"Helm release {release.name}: the {release.chart} {release.version} source tree's "
+                          f"Chart.yaml says version {said}: its publisher stamps the release when it packages; set "
+                          f"{where} in platform/charts.yaml from the release's own data (its packaging step)")
+    return release.version, str(pins[0][1].app_version)
 
 
 def _answers_differ(tree: Path, rendered_with: tuple[str, ...], now: tuple[str, ...]) -> bool:
@@ -235,8 +259,9 @@ def render_key(release: _Release, tree: Path, api_versions: Iterable[str], kube_
     apis = sorted(api_versions) if facts.dynamic_has else sorted(facts.has_literals.intersection(api_versions))
     return hashlib.sha256(json.dumps({
         "format": render_cache.FORMAT, "helm": helm.HELM.sha256, "tree": facts.digest, "name": release.name,
-        "code": _code_digest(helm.template, kube_yaml, _render, _masked, _mask, object_key),
-        "namespace": release.namespace, "kube": kube_version, "apis": apis, "values": release.values,
+        "code": _code_digest(helm.template, helm.package, kube_yaml, _render, _masked, _mask, object_key),
+        "stamp": _stamp(release, tree), "namespace": release.namespace, "kube": kube_version, "apis": apis,
+        "values": release.values,
     }, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -285,19 +310,24 @@ class _Renderer:
         if found is not None:
             return key, found, 0
         runs = 2 if _tree_facts(tree).random else 1
-        renders = [_render(release, tree, api_versions, self.kube_version) for _ in range(runs)]
+        renders = [_render(release, tree, _stamp(release, tree), api_versions, self.kube_version)
+                   for _ in range(runs)]
         objects = _masked(renders[0], renders[1]) if runs == 2 else renders[0]
         render = Render(tuple(objects), render_cache.crd_api_versions(objects))
         render_cache.write_local(self.store, key, render)
         return key, render, runs
 
 
-def _render(release: _Release, tree: Path, api_versions: tuple[str, ...], kube_version: str) -> list[dict[str, Any]]:
+def _render(release: _Release, tree: Path, stamp: tuple[str, str] | None, api_versions: tuple[str, ...],
+            kube_version: str) -> list[dict[str, Any]]:
+    """`helm template` of the tree, or of its archive stamped as its publisher packages it."""
     with tempfile.TemporaryDirectory(prefix="trainyard-render-") as tmp:
         values = Path(tmp) / "values.json"
         values.write_text(json.dumps(release.values), encoding="utf-8")  # JSON is YAML: what Helm reads
         try:
-            text = helm.template(release.name, tree, namespace=release.namespace, values_file=values,
+            chart = tree if stamp is None else helm.package(tree, version=stamp[0], app_version=stamp[1],
+                                                            destination=Path(tmp) / "stamped")
+            text = helm.template(release.name, chart, namespace=release.namespace, values_file=values,
                                  kube_version=kube_version, api_versions=api_versions)
         except helm.HelmError as error:
             raise RenderError(f"Helm release {release.name} ({release.chart} {release.version}) does not render: "
