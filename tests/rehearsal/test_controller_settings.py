@@ -71,3 +71,13 @@ def test_the_agent_not_ready_taint_goes_only_while_the_rendered_operator_removes
     assert tainted(kept) == groups  # the values still say true
     yes = _edited(kept, "cilium", _operator_config("remove-cilium-node-taints", "True"))
     assert tainted(yes) == set()
+    # Without `patch nodes` (the chart grants it only with operator.removeNodeTaints) the operator cannot remove it.
+    denied = _edited(fleet.rendered, "cilium", _without_node_patch)
+    assert tainted(denied) == groups
+
+
+def _without_node_patch(obj: dict[str, Any]) -> None:
+    if obj.get("kind") == "ClusterRole":
+        for rule in obj.get("rules") or ():
+            if "nodes" in (rule.get("resources") or ()):
+                rule["verbs"] = [v for v in rule.get("verbs") or () if v != "patch"]

@@ -172,13 +172,32 @@ def _offer(instance_type: str) -> InstanceOffer | None:
 
 def _cni_removed_taints(objects: tuple[Mapping[str, Any], ...]) -> frozenset[str]:
     """Taint keys the CNI removes from a node once its agent runs there: Cilium's operator removes the agent-not-ready
-    taint while `remove-cilium-node-taints` (default true) in the configuration directory its `--config-dir` names,
-    the rendered cilium-config ConfigMap, is true (cilium 1.20.0 operator/watchers NodeTaintSyncConfig;
-    pkg/option/config.go `agent-not-ready-taint-key`)."""
-    config = _config_dir(objects, "cilium-operator")
-    if config is None or not _go_bool(config.get("remove-cilium-node-taints", "true")):
+    taint while `remove-cilium-node-taints` (default true) in the configuration directory its `--config-dir` names
+    (the rendered cilium-config ConfigMap) is true, and its service account may patch nodes (cilium 1.20.0
+    operator/watchers node taint sync, RemoveCiliumNodeTaints default true; the chart's
+    templates/cilium-operator/clusterrole.yaml grants `patch nodes` only with operator.removeNodeTaints, and its
+    ConfigMap then omits the key; pkg/option/config.go `agent-not-ready-taint-key`)."""
+    found = _config_dir(objects, "cilium-operator")
+    if found is None:
+        return frozenset()
+    pod, config = found
+    if not _go_bool(config.get("remove-cilium-node-taints", "true")) or not _may_patch_nodes(objects, pod):
         return frozenset()
     return frozenset({str(config.get("agent-not-ready-taint-key", CILIUM_AGENT_NOT_READY))})
+
+
+def _may_patch_nodes(objects: tuple[Mapping[str, Any], ...], workload: Mapping[str, Any]) -> bool:
+    """The workload's service account holds `patch` on nodes through a rendered ClusterRoleBinding (Kubernetes
+    RBAC: a ClusterRole's rules, bound to the ServiceAccount subject by name and namespace)."""
+    account = (str(lookup(workload, "spec.template.spec.serviceAccountName") or "default"),
+               str(lookup(workload, "metadata.namespace") or ""))
+    roles = {str(lookup(o, "roleRef.name")) for o in objects if o.get("kind") == "ClusterRoleBinding"
+             and any(s.get("kind") == "ServiceAccount" and (str(s.get("name")), str(s.get("namespace") or ""))
+                     == account for s in o.get("subjects") or ())}
+    return any(set(rule.get("apiGroups") or ()) & {"", "*"} and set(rule.get("resources") or ()) & {"nodes", "*"}
+               and set(rule.get("verbs") or ()) & {"patch", "*"}
+               for o in objects if o.get("kind") == "ClusterRole" and lookup(o, "metadata.name") in roles
+               for rule in o.get("rules") or ())
 
 
 def _karpenter_gates(objects: tuple[Mapping[str, Any], ...]) -> dict[str, bool]:
@@ -196,9 +215,11 @@ def _karpenter_gates(objects: tuple[Mapping[str, Any], ...]) -> dict[str, bool]:
     return {}
 
 
-def _config_dir(objects: tuple[Mapping[str, Any], ...], container_name: str) -> Mapping[str, Any] | None:
-    """The ConfigMap data a Deployment's container reads from the directory its `--config-dir=` names (the volume
-    mounted there), as Cilium's agents and operator read their options; None where no such container runs."""
+def _config_dir(objects: tuple[Mapping[str, Any], ...],
+                container_name: str) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """The Deployment running the container, and the ConfigMap data the container reads from the directory its
+    `--config-dir=` names (the volume mounted there), as Cilium's agents and operator read their options; None
+    where no such container runs."""
     for obj in objects:
         if obj.get("kind") != "Deployment":
             continue
@@ -211,8 +232,8 @@ def _config_dir(objects: tuple[Mapping[str, Any], ...], container_name: str) -> 
             for mount in container.get("volumeMounts") or ():
                 if folders and posixpath.normpath(str(mount.get("mountPath"))) == posixpath.normpath(folders[-1]):
                     name = lookup(volumes.get(str(mount.get("name")), {}), "configMap.name")
-                    return next((o.get("data") or {} for o in objects
-                                 if o.get("kind") == "ConfigMap" and lookup(o, "metadata.name") == name), {})
+                    return obj, next((o.get("data") or {} for o in objects
+                                      if o.get("kind") == "ConfigMap" and lookup(o, "metadata.name") == name), {})
     return None
 
 
