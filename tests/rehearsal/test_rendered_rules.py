@@ -105,6 +105,19 @@ def test_a_controller_that_tolerates_every_taint_is_named() -> None:
     assert finding.problem.startswith("Deployment/dataset-controller is not a DaemonSet and can land on ")
 
 
+def test_a_prometheus_that_can_land_on_gpu_nodes_is_named() -> None:
+    """prometheus-operator gives the Prometheus pods the CR's own placement: tolerating everything, without the
+    system node selector, the 500 GiB Prometheus can land on a p5."""
+    def anywhere(inputs: dict[str, Any]) -> None:
+        spec = inputs["values"]["prometheus"]["prometheusSpec"]
+        spec["tolerations"] = [{"operator": "Exists"}]
+        del spec["nodeSelector"]
+
+    old = edited(owned("fleet"), release_of("kube-prometheus-stack"), anywhere)
+    (finding,) = found(old, "controllers-off-special-nodes")
+    assert finding.problem.startswith("Prometheus/kube-prometheus-stack-prometheus is not a DaemonSet and can land on ")
+
+
 def test_a_cni_operator_that_fits_no_joining_node_group_is_named() -> None:
     def nowhere(inputs: dict[str, Any]) -> None:
         inputs["values"].setdefault("operator", {})["nodeSelector"] = {"trainyard.io/role": "nowhere"}

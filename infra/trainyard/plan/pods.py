@@ -134,6 +134,34 @@ def workloads(objects: Iterator[Mapping[str, Any]] | tuple[Mapping[str, Any], ..
     return [w for w in map(workload, objects) if w is not None]
 
 
+# Custom resources whose operator makes pods with the resource's own placement: prometheus-operator copies
+# spec.nodeSelector, tolerations, affinity and volumes into the StatefulSet it makes for a Prometheus, Alertmanager
+# or ThanosRuler (prometheus-operator pkg/prometheus/server/statefulset.go makeStatefulSetSpec, and alike in
+# pkg/alertmanager, pkg/thanos), and spec.resources into the main container.
+OPERATED_KINDS = {"monitoring.coreos.com": frozenset({"Prometheus", "Alertmanager", "ThanosRuler"})}
+
+
+def operated(obj: Mapping[str, Any]) -> Workload | None:
+    """The pods an operator makes from a custom resource of OPERATED_KINDS, as a workload."""
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    if obj.get("kind") not in OPERATED_KINDS.get(group, frozenset()):
+        return None
+    spec = obj.get("spec") or {}
+    template = {key: spec[key] for key in ("nodeSelector", "tolerations", "affinity", "volumes") if key in spec}
+    template["containers"] = [{"resources": spec.get("resources") or {}}]
+    return Workload(kind=str(obj["kind"]), name=str(lookup(obj, "metadata.name")),
+                    replicas=int(spec.get("replicas", 1) or 0), spec=template, hooks=frozenset())
+
+
+def pod_makers(objects: Iterator[Mapping[str, Any]] | tuple[Mapping[str, Any], ...]) -> list[Workload]:
+    """Every workload of the objects, and the pods operators make from custom resources of OPERATED_KINDS."""
+    found = []
+    for obj in objects:
+        if (made := workload(obj) or operated(obj)) is not None:
+            found.append(made)
+    return found
+
+
 def awaited_by_install(workloads_: list[Workload], *, waits: bool) -> list[Workload]:
     """What a `helm install` waits for: install hook Jobs always; with --wait also every Deployment and
     StatefulSet with replicas (a DaemonSet with no node to run on is ready with none) (helm.sh/docs/helm/

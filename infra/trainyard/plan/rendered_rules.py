@@ -29,7 +29,7 @@ from trainyard.plan.cluster_model import (
 )
 from trainyard.plan.cluster_state import NODE_POOL, RELEASE, cni_charts
 from trainyard.plan.node_image import missing_path
-from trainyard.plan.pods import Workload, lookup, workload, workloads
+from trainyard.plan.pods import Workload, lookup, pod_makers, workload, workloads
 from trainyard.plan.readiness import (
     ALLUXIO_RUNTIME,
     DATASET,
@@ -70,7 +70,7 @@ def _pools(moment: Moment) -> tuple[Pool, ...]:
 def host_paths_exist(record: ResourceRecord, moment: Moment) -> str | None:
     if not any(r.type == EKS_CLUSTER for r in moment.records.values()):
         return None  # an existing cluster (kind): its node image is not ours to know
-    for pod in workloads(moment.release(record).objects):
+    for pod in pod_makers(moment.release(record).objects):
         for volume, path, host_type in pod.host_paths():
             if problem := missing_path(path, host_type):
                 return f"{pod.label} mounts hostPath volume {volume}: {problem}, so its pods never start"
@@ -91,7 +91,7 @@ def special_pools(pools: tuple[Pool, ...]) -> list[Pool]:
 # (Fluid's runtime controllers, pkg/controllers/deploy/runtime_controllers.go @ v1.0.8).
 def controllers_off_special_nodes(record: ResourceRecord, moment: Moment) -> str | None:
     special = special_pools(_pools(moment))
-    for pod in workloads(moment.release(record).objects):
+    for pod in pod_makers(moment.release(record).objects):
         if pod.daemon or pod.kind == "CronJob":
             continue
         needs = pod.needs()
