@@ -17,10 +17,13 @@ from typing import Any
 from trainyard.config.name_rules import IMAGE_REFERENCE
 from trainyard.plan.rendering import RenderedStack
 
-# Tags that move: none at all, `latest`, and branch builds such as `main-latest` or `nightly`.
-_MOVING_TAG = re.compile(r"(.*[-_.])?(latest|main|master|nightly|edge)")
+# Tags that move: none at all, `latest`, and branch or channel builds such as `main-latest`, `nightly`, `devel`.
+_MOVING_TAG = re.compile(r"(.*[-_.])?(latest|main|master|nightly|edge|dev|devel|develop|stable|canary|snapshot)")
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 SPLIT_IMAGE_GROUP = "nvidia.com"  # the GPU Operator's resources: ClusterPolicy, NVIDIADriver
+# Ceph CSI's operator runs its driver pods with the images of the ConfigMap an OperatorConfig's or Driver's
+# `imageSet` names, one image per key (ceph/ceph-csi-operator api/v1 driver_types.go DriverSpec.ImageSet).
+IMAGE_SET_GROUP = "csi.ceph.io"
 
 
 def is_pinned(reference: str) -> bool:
@@ -67,6 +70,8 @@ def _walk(node: Any, path: str, *, split: bool) -> Iterator[tuple[str, str]]:
         for container in node.get(key) or ():
             if isinstance(container, Mapping) and isinstance(container.get("image"), str):
                 yield f"{path}.{key}[{container.get('name', '?')}]", container["image"]
+            if isinstance(container, Mapping):
+                yield from _env_images(container, f"{path}.{key}[{container.get('name', '?')}]")
     image = node.get("image")
     if isinstance(image, str) and node.get("enabled") is not False and "name" not in node:
         if split and isinstance(node.get("version"), str):
@@ -78,29 +83,66 @@ def _walk(node: Any, path: str, *, split: bool) -> Iterator[tuple[str, str]]:
             yield from _walk(value, f"{path}.{key}", split=split)
 
 
+def _env_images(container: Mapping[str, Any], path: str) -> Iterator[tuple[str, str]]:
+    """Images a controller is told to run by environment: Fluid's runtime controllers take their runtimes'
+    default images from `*_IMAGE_ENV` variables (fluid v1.0.8 pkg/common/alluxio.go AlluxioRuntimeImageEnv)."""
+    for variable in container.get("env") or ():
+        name, value = str(variable.get("name", "")), variable.get("value")
+        if "IMAGE" in name and isinstance(value, str) and ("/" in value or ":" in value):
+            yield f"{path}.env[{name}]", value
+
+
+def _image_sets(rendered: RenderedStack) -> set[tuple[str, str]]:
+    """(namespace, name) of every ConfigMap a rendered Ceph CSI resource names as its imageSet."""
+    found = set()
+    for release, obj in rendered.objects():
+        if str(obj.get("apiVersion", "")).partition("/")[0] == IMAGE_SET_GROUP:
+            namespace = str((obj.get("metadata") or {}).get("namespace") or release.namespace)
+            found |= {(namespace, name) for name in _set_names(obj.get("spec"))}
+    return found
+
+
+def _set_names(node: Any) -> Iterator[str]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _set_names(item)
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "imageSet" and isinstance(value, Mapping) and value.get("name"):
+                yield str(value["name"])
+            else:
+                yield from _set_names(value)
+
+
+def references(rendered: RenderedStack) -> Iterator[tuple[str, str, str, str]]:
+    """(release, object, where, image reference) of every image the rendered objects make a node pull."""
+    sets = _image_sets(rendered)
+    for release, obj in rendered.objects():
+        metadata = obj.get("metadata") or {}
+        name = f"{obj.get('kind')}/{metadata.get('name')}"
+        for where, reference in images(obj):
+            yield release.name, name, where, reference
+        if obj.get("kind") == "ConfigMap" and \
+                (str(metadata.get("namespace") or release.namespace), str(metadata.get("name"))) in sets:
+            for key, reference in sorted((obj.get("data") or {}).items()):
+                yield release.name, name, f".data.{key}", str(reference)
+
+
 def unpinned(rendered: RenderedStack) -> list[str]:
     """One line per image without a pinned tag: release, object, where, reference."""
-    found = []
-    for release, obj in rendered.objects():
-        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
-        for where, reference in images(obj):
-            if not is_pinned(reference):
-                found.append(f"release {release.name}: {name} {where.lstrip('.')} runs {reference}")
-    return sorted(set(found))
+    return sorted({f"release {release}: {name} {where.lstrip('.')} runs {reference}"
+                   for release, name, where, reference in references(rendered) if not is_pinned(reference)})
 
 
 def digest_mismatches(rendered: RenderedStack, digests: Mapping[str, Mapping[str, str]]) -> list[str]:
     """One line per `repository:tag@digest` whose repository has recorded digests (repository -> tag -> digest)
     and whose digest is not the one recorded for its tag."""
     found = []
-    for release, obj in rendered.objects():
-        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
-        for where, reference in images(obj):
-            named, _, digest = reference.partition("@")
-            repository, tag = named.rsplit(":", 1) if ":" in named.rsplit("/", 1)[-1] else (named, "")
-            recorded = digests.get(repository)
-            if digest and recorded is not None and recorded.get(tag) != digest:
-                expected = recorded.get(tag, f"none recorded for tag {tag or '(none)'}")
-                found.append(f"release {release.name}: {name} {where.lstrip('.')} runs {reference} "
-                             f"(release data: {expected})")
+    for release, name, where, reference in references(rendered):
+        named, _, digest = reference.partition("@")
+        repository, tag = named.rsplit(":", 1) if ":" in named.rsplit("/", 1)[-1] else (named, "")
+        recorded = digests.get(repository)
+        if digest and recorded is not None and recorded.get(tag) != digest:
+            expected = recorded.get(tag, f"none recorded for tag {tag or '(none)'}")
+            found.append(f"release {release}: {name} {where.lstrip('.')} runs {reference} (release data: {expected})")
     return sorted(set(found))
