@@ -70,3 +70,40 @@ def test_layers_import_only_downwards(layer: str) -> None:
     modules = sorted((PACKAGE / layer).rglob("*.py")) or [PACKAGE / f"{layer}.py"]
     upward = {f"{path.relative_to(PACKAGE)} -> {target}" for path in modules for target in _imported(path) & above}
     assert not upward, f"{layer} reaches up to a layer above it: {sorted(upward)}"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The trainyard modules a module imports, at any depth of its code (`from a import b` is a.b when that is a
+    module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """No two modules import each other, directly or through others (an import inside a function included:
+    it only postpones the circle)."""
+    paths = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
+    circles = []
+    for start in sorted(graph):
+        seen, frontier = set(), list(graph[start])
+        while frontier:
+            name = frontier.pop()
+            if name == start:
+                circles.append(start)
+                break
+            if name not in seen:
+                seen.add(name)
+                frontier.extend(graph[name])
+    assert circles == [], f"modules on an import circle: {circles}"

@@ -19,23 +19,20 @@ The upstream data is not part of the repository: `tools/upstream.py sync` fills 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import yaml
-from kubernetes_validate.utils import SchemaNotFoundError, all_versions
-from packaging.version import Version
+from kubernetes_validate.utils import SchemaNotFoundError
 
 from trainyard.catalogue.charts import deep_merge
-
-if TYPE_CHECKING:
-    from trainyard.plan.rendering import RenderedStack
+from trainyard.plan.rendering import RenderedStack
+from trainyard.plan.upstream import kubernetes_schema_version, upstream_dir
 
 # Problem kinds: schema/key violations vs. data we could not check at all.
 INVALID = "invalid"
@@ -82,28 +79,6 @@ class Problem:
     def __str__(self) -> str:
         location = f"{self.where}:{self.path}" if self.path else self.where
         return f"{location}: [{self.kind}] {self.message}"
-
-
-def repo_root() -> Path:
-    """The repository this module lives in (infra/trainyard/plan/conformance.py -> repo root)."""
-    return Path(__file__).resolve().parents[3]
-
-
-def upstream_dir(root: Path | None = None) -> Path:
-    """Where `tools/upstream.py sync` puts the upstream data: `$TRAINYARD_UPSTREAM`, else `<repo>/.upstream`."""
-    override = os.environ.get("TRAINYARD_UPSTREAM")
-    return Path(override) if override else (root or repo_root()) / ".upstream"
-
-
-def kubernetes_schema_version(cluster_version: str) -> str:
-    """Newest Kubernetes schema set shipped by kubernetes-validate that is not newer than the cluster."""
-    wanted = Version(cluster_version.removeprefix("v"))
-    wanted_minor = (wanted.major, wanted.minor)
-    shipped = sorted({Version(v) for v in all_versions()})
-    usable = [v for v in shipped if (v.major, v.minor) <= wanted_minor]
-    if not usable:
-        raise ValueError(f"kubernetes-validate ships no schemas at or below Kubernetes {cluster_version}")
-    return str(usable[-1])
 
 
 # --------------------------------------------------------------------------------------------- manifests

@@ -33,9 +33,9 @@ from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.yaml_input import InputError
 from trainyard.paths import REPO_ROOT
 from trainyard.plan import helm, kube_yaml, render_cache
-from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.render_cache import CommittedRenders, Render
+from trainyard.plan.upstream import kubernetes_schema_version, upstream_dir
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 EKS_ADDON = "aws:eks/addon:Addon"
@@ -225,8 +225,6 @@ def _builtin_api_versions(kube_version: str) -> tuple[str, ...]:
     x-kubernetes-group-version-kind). Alpha and beta versions are left out: a cluster serves them only when
     enabled, and EKS enables none beyond Kubernetes' defaults."""
     import kubernetes_validate
-
-    from trainyard.plan.conformance import kubernetes_schema_version
 
     version = kubernetes_schema_version(kube_version)
     base = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
