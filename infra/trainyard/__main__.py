@@ -28,11 +28,12 @@ from trainyard.paths import REPO_ROOT, STACKS_DIR
 from trainyard.plan import graph, report
 from trainyard.plan import rehearse as rehearsal
 from trainyard.plan.capacity import pool_capacity
+from trainyard.plan.conformance import release_values_problems
 from trainyard.plan.diff import default_base, diff_against, format_diff, resolve_ref
 from trainyard.plan.helm import HELM
 from trainyard.plan.images import digest_mismatches, unpinned
 from trainyard.plan.recording import Recording
-from trainyard.plan.rendering import RenderError
+from trainyard.plan.rendering import RELEASE, RenderError
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, check_unique_objects, write_plan
 from trainyard.safe_paths import UnsafePathError, write_file
@@ -124,6 +125,9 @@ def _plan(stack: StackFile, out: Path | None, quiet: bool, graph_file: Path | No
         planned = plan_stack(stack, recording)
     check_unique_objects(recording)
     settings, rendered = planned.settings, planned.rendered
+    if unknown := release_values_problems(r.inputs for r in planned.recording.resources if r.type == RELEASE):
+        raise RenderError("Helm release values the charts do not take (the chart would ignore them, so the setting "
+                          "would do nothing):\n  " + "\n  ".join(unknown))
     if moving := unpinned(rendered):
         raise RenderError("images without a pinned tag (a release tag or a digest), so the plan cannot say what "
                           "would run; set their tags in the releases' values (platform/charts.yaml `images`):\n  "

@@ -31,7 +31,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from trainyard.catalogue.charts import deep_merge
-from trainyard.plan.rendering import RenderedStack
+from trainyard.plan.rendering import RenderedStack, chart_name
 from trainyard.plan.upstream import kubernetes_schema_version, upstream_dir
 
 # Problem kinds: schema/key violations vs. data we could not check at all.
@@ -195,6 +195,14 @@ def check_helm_values(release: Mapping[str, Any], *, upstream: Path | None = Non
         merged = deep_merge(chart_data.defaults, values)
         problems.extend(_schema_problems(where, "", chart_data.validator, merged))
     return problems
+
+
+def release_values_problems(releases: Iterator[Mapping[str, Any]], *, upstream: Path | None = None) -> list[str]:
+    """`check_helm_values` over the inputs of a stack's Release records (the values exactly as the Release gets
+    them), one line each. Helm accepts any key a chart has no values.schema.json for, so a mistyped key would
+    otherwise do nothing, silently."""
+    return [str(problem) for inputs in releases for problem in check_helm_values(
+        {**inputs, "chart": chart_name(str(inputs.get("chart", "")))}, upstream=upstream)]
 
 
 @dataclass(frozen=True)
