@@ -1,12 +1,15 @@
 """Checkov's Kubernetes checks over the objects every Helm release renders, as Helm installs them.
 
 A chart's objects cannot carry our skip annotation, so why a release fails a check is written beside its values, in
-platform/<release>/checkov.yaml (check id -> reason). A check a release fails without a reason is an error, and so
-is a reason for a check that release no longer fails on any stack: the file says exactly what is accepted.
+platform/<release>/checkov.yaml: check id -> `why` and the `objects` it is accepted for (each by its rendered file's
+name, `<kind>.<name>`). An object failing a check without its reason is an error, so a chart bump or a values change
+that makes another object fail is named; so is a reason for an object that no longer fails it on any stack: the
+file says exactly what is accepted.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tempfile
 from collections import defaultdict
@@ -19,7 +22,8 @@ import pytest
 import yaml
 from review_support import REPO_ROOT, STACKS
 from test_checkov import CHECKOV_VERSION, checkov_binary, describe, run_checkov, skip_reason
-from trainyard.plan.rendering import RenderedRelease
+from trainyard.plan.recording import Recording
+from trainyard.plan.rendering import RELEASE, RenderedRelease, render_releases
 from trainyard.plan.runtime import plan_stack, read_stack
 from trainyard.plan.writers import rendered_files
 
@@ -56,28 +60,42 @@ def as_installed(release: RenderedRelease, cluster_kinds: frozenset[str]) -> Ren
     return dataclasses.replace(release, objects=tuple(placed(o) for o in release.objects))
 
 
-def load_reasons(root: Path = REPO_ROOT) -> dict[tuple[str, str], str]:
-    """(release, check id) -> reason, from every platform/<release>/checkov.yaml."""
-    found: dict[tuple[str, str], str] = {}
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    why: str
+    objects: frozenset[str]  # rendered file names without .yaml: `<kind>.<name>`
+
+
+Key = tuple[str, str]  # (release, check id)
+
+
+def load_reasons(root: Path = REPO_ROOT) -> dict[Key, Reason]:
+    """(release, check id) -> why and the objects it is accepted for, from every platform/<release>/checkov.yaml."""
+    found: dict[Key, Reason] = {}
     for path in sorted(root.glob(REASONS_GLOB)):
-        checks = yaml.safe_load(path.read_text(encoding="utf-8"))
-        found |= {(path.parent.name, str(check)): str(reason or "").strip() for check, reason in checks.items()}
+        for check, entry in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).items():
+            entry = entry if isinstance(entry, dict) else {}
+            found[(path.parent.name, str(check))] = Reason(
+                str(entry.get("why") or "").strip(), frozenset(map(str, entry.get("objects") or ())))
     return found
 
 
 @dataclasses.dataclass(frozen=True)
 class ChartReport:
-    failed: Mapping[tuple[str, str], tuple[str, ...]]  # (release, check id) -> the failing objects
+    failed: Mapping[Key, Mapping[str, str]]  # (release, check id) -> failing object -> how Checkov names it
     unexplained_skips: tuple[str, ...]
     summary: Mapping[str, Any]
 
 
 @cache
 def chart_report(stack: str) -> ChartReport:
+    return report_of(tuple(plan_stack(read_stack(stack)).rendered.releases.values()))
+
+
+def report_of(releases: tuple[RenderedRelease, ...]) -> ChartReport:
     binary = checkov_binary()
     if binary is None:
         pytest.fail(f"checkov not installed: `make test` installs checkov=={CHECKOV_VERSION} in .venv-checkov")
-    releases = list(plan_stack(read_stack(stack)).rendered.releases.values())
     kinds = cluster_scoped_kinds(releases)
     with tempfile.TemporaryDirectory() as tmp:
         out, by_dir = Path(tmp), {}
@@ -88,20 +106,31 @@ def chart_report(stack: str) -> ChartReport:
                 path.write_text(text, encoding="utf-8")
                 by_dir[path.parent.name] = release.name
         report = run_checkov(binary, out / "rendered")
-    failed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    failed: dict[Key, dict[str, str]] = defaultdict(dict)
     for check in report["results"].get("failed_checks", []):
-        failed[by_dir[Path(check["file_path"]).parent.name], check["check_id"]].append(describe(check))
+        path = Path(check["file_path"])
+        failed[by_dir[path.parent.name], check["check_id"]][path.stem] = describe(check)
     skips = tuple(describe(c) for c in report["results"].get("skipped_checks", []) if not skip_reason(c))
-    return ChartReport({k: tuple(v) for k, v in failed.items()}, skips, report["summary"])
+    return ChartReport({k: dict(v) for k, v in failed.items()}, skips, report["summary"])
 
 
-def unexplained(failed: Mapping[tuple[str, str], tuple[str, ...]], reasons: Mapping[tuple[str, str], str]) -> list[str]:
-    return [f"{release}: {check} fails on {', '.join(objects)}" for (release, check), objects in sorted(failed.items())
-            if not reasons.get((release, check))]
+def unexplained(failed: Mapping[Key, Mapping[str, str]], reasons: Mapping[Key, Reason]) -> list[str]:
+    """A failing object its (release, check) reason does not name, or whose reason says nothing."""
+    found = []
+    for (release, check), objects in sorted(failed.items()):
+        reason = reasons.get((release, check), Reason("", frozenset()))
+        missing = sorted(o for o in objects if not reason.why or o not in reason.objects)
+        found += [f"{release}: {check} fails on {o} ({objects[o]})" for o in missing]
+    return found
 
 
-def stale(failed_anywhere: Iterable[tuple[str, str]], reasons: Mapping[tuple[str, str], str]) -> list[str]:
-    return [f"{release}: {check}" for release, check in sorted(set(reasons) - set(failed_anywhere))]
+def stale(failed_anywhere: Iterable[tuple[str, str, str]], reasons: Mapping[Key, Reason]) -> list[str]:
+    """An object a reason is written for that fails its check on no stack (fixed, renamed or no longer rendered)."""
+    failing = set(failed_anywhere)
+    return [f"{release}: {check} on {o}" for (release, check), reason in sorted(reasons.items())
+            for o in sorted(reason.objects) if (release, check, o) not in failing] + \
+        [f"{release}: {check} lists no objects" for (release, check), reason in sorted(reasons.items())
+         if not reason.objects]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -114,18 +143,47 @@ def test_every_check_a_release_fails_has_a_written_reason(stack: str) -> None:
     assert unexplained(report.failed, load_reasons()) == [], f"say why in {REASONS_GLOB} or fix it by values"
 
 
-def test_every_reason_is_for_a_check_that_still_fails() -> None:
-    failed_anywhere = {pair for stack in STACKS for pair in chart_report(stack).failed}
+def test_every_reason_is_for_an_object_that_still_fails() -> None:
+    failed_anywhere = {(release, check, o) for stack in STACKS
+                       for (release, check), objects in chart_report(stack).failed.items() for o in objects}
     assert stale(failed_anywhere, load_reasons()) == [], f"drop these from {REASONS_GLOB}: they pass now"
 
 
-def test_a_missing_or_empty_reason_is_named_and_an_unused_one_is_stale() -> None:
-    failed = {("volcano", "CKV_K8S_8"): ("CKV_K8S_8 (liveness) on Deployment.volcano-system.volcano-scheduler",),
-              ("cilium", "CKV_K8S_16"): ("CKV_K8S_16 (privileged) on DaemonSet.kube-system.cilium",)}
-    reasons = {("volcano", "CKV_K8S_8"): "", ("cilium", "CKV_K8S_16"): "why", ("fluid", "CKV_K8S_16"): "why"}
+def test_a_reason_covers_only_the_objects_it_names() -> None:
+    """A reason written for the agent does not cover a second object of the release failing the same check (a
+    chart bump's new privileged pod); an empty reason covers nothing; a listed object that passes is stale."""
+    failed = {("volcano", "CKV_K8S_8"): {"deployment.volcano-scheduler": "CKV_K8S_8 (liveness) on Deployment..."},
+              ("cilium", "CKV_K8S_16"): {"daemonset.cilium": "CKV_K8S_16 (privileged) on DaemonSet.cilium",
+                                         "daemonset.cilium-envoy": "CKV_K8S_16 (privileged) on DaemonSet.envoy"}}
+    reasons = {("volcano", "CKV_K8S_8"): Reason("", frozenset({"deployment.volcano-scheduler"})),
+               ("cilium", "CKV_K8S_16"): Reason("why", frozenset({"daemonset.cilium", "daemonset.hubble"})),
+               ("fluid", "CKV_K8S_16"): Reason("why", frozenset({"daemonset.csi-nodeplugin-fluid"}))}
     assert unexplained(failed, reasons) == [
-        "volcano: CKV_K8S_8 fails on CKV_K8S_8 (liveness) on Deployment.volcano-system.volcano-scheduler"]
-    assert stale(failed, reasons) == ["fluid: CKV_K8S_16"]
+        "cilium: CKV_K8S_16 fails on daemonset.cilium-envoy (CKV_K8S_16 (privileged) on DaemonSet.envoy)",
+        "volcano: CKV_K8S_8 fails on deployment.volcano-scheduler (CKV_K8S_8 (liveness) on Deployment...)"]
+    failing = {(r, c, o) for (r, c), objects in failed.items() for o in objects}
+    assert stale(failing, reasons) == ["cilium: CKV_K8S_16 on daemonset.hubble",
+                                       "fluid: CKV_K8S_16 on daemonset.csi-nodeplugin-fluid"]
+
+
+def test_a_second_object_failing_a_check_its_release_has_a_reason_for_is_named() -> None:
+    """The reason for Cilium's privileged check is the agent's mount-bpf-fs init container: an Envoy made
+    privileged by a values change fails the same check and must not pass on the agent's reason."""
+    stack = next(s for s in STACKS if "cilium" in plan_stack(read_stack(s)).rendered.releases)
+    planned = plan_stack(read_stack(stack))
+    resources = []
+    for record in planned.recording.resources:
+        if record.type == RELEASE and record.inputs.get("name") == "cilium":
+            inputs = copy.deepcopy(record.inputs)
+            inputs["values"].setdefault("envoy", {}).setdefault("securityContext", {})["privileged"] = True
+            record = dataclasses.replace(record, inputs=inputs)
+        resources.append(record)
+    rendered = render_releases(Recording(resources=resources), planned.settings.cluster.kubernetes_version)
+    reasons = load_reasons()
+    found = [line.split(" (")[0] for line in unexplained(report_of(tuple(rendered.releases.values())).failed, reasons)]
+    checks = {line.split(": ")[1].split(" fails")[0] for line in found}
+    assert "CKV_K8S_16" in checks and all(("cilium", check) in reasons for check in checks)  # each has a reason
+    assert found == [f"cilium: {check} fails on daemonset.cilium-envoy" for check in sorted(checks)]
 
 
 def test_helm_places_a_namespaced_object_in_the_release_namespace_and_leaves_cluster_objects_alone() -> None:
