@@ -3,6 +3,7 @@ caps first. The first two are refused by key; the third is said as a warning (se
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +43,8 @@ def test_the_owned_stack_is_valid_and_quiet() -> None:
 @pytest.mark.parametrize(("key", "hint"), [
     ("trainyrd:buckets", "did you mean trainyard:buckets?"),
     ("awss:region", "did you mean aws:region?"),
-    ("aws-native:region", "namespaces read: trainyard, aws, kubernetes, random, pulumi"),
-    ("kubernets:context", "did you mean kubernetes:context?"),
-    ("acme:anything", "namespaces read: trainyard, aws, kubernetes, random, pulumi"),
+    ("aws-native:region", "namespaces read: trainyard, aws (aws:region only), pulumi"),
+    ("acme:anything", "namespaces read: trainyard, aws (aws:region only), pulumi"),
 ])
 def test_an_unknown_namespace_is_refused_with_the_closest_one(tmp_path: Path, key: str, hint: str) -> None:
     stacks = _stack(tmp_path, lambda config: config.update({key: {"forceDestroy": True}}))
@@ -61,11 +61,54 @@ def test_pulumi_up_refuses_it_too_before_registering_anything(tmp_path: Path) ->
     assert recording.resources == []
 
 
-def test_namespaces_something_reads_are_accepted(tmp_path: Path) -> None:
-    keys = {"aws:region": "us-west-2", "kubernetes:enableServerSideApply": "true", "pulumi:tags": {"team": "ml"},
-            "random:unused": "x"}
+def test_keys_something_reads_are_accepted(tmp_path: Path) -> None:
+    keys = {"aws:region": "us-west-2", "pulumi:tags": {"team": "ml"}, "pulumi:disable-default-providers": ["*"]}
     stacks = _stack(tmp_path, lambda config: config.update(keys))
     assert settings_of(read_stack("owned", stacks)).stack == "owned"
+
+
+# The program's providers are explicit, and an explicit provider reads no stack config (pulumi/pulumi-aws#1307).
+@pytest.mark.parametrize(("key", "value", "instead"), [
+    ("aws:profile", "prod", "set AWS_PROFILE where pulumi runs"),
+    ("aws:allowedAccountIds", ["111122223333"], "set trainyard:aws.allowedAccountIds"),
+    ("aws:defaultTags", {"tags": {"team": "ml"}}, "set trainyard:aws.tags"),
+    ("aws:assumeRoles", [{"roleArn": "arn:aws:iam::111122223333:role/x"}], "from the environment"),
+    ("kubernetes:context", "kind-other", "set trainyard:local.kubeconfigContext"),
+    ("kubernetes:enableServerSideApply", "true", "the kubeconfig the program builds"),
+])
+def test_a_provider_key_no_provider_reads_is_refused_with_what_to_set(tmp_path: Path, key: str, value: Any,
+                                                                       instead: str) -> None:
+    (line,) = _problems(_stack(tmp_path, lambda config: config.update({key: value})))
+    namespace = key.split(":")[0]
+    assert line.startswith(f"  - {key}: the program's {namespace} provider is explicit and reads no stack config")
+    assert instead in line
+
+
+def test_a_random_key_is_refused_as_reaching_nothing(tmp_path: Path) -> None:
+    (line,) = _problems(_stack(tmp_path, lambda config: config.update({"random:unused": "x"})))
+    assert line == "  - random:unused: pulumi-random has no provider settings, so this would reach nothing"
+
+
+def _allowed(accounts: list[Any]) -> Any:
+    return lambda config: config["trainyard:aws"].update(allowedAccountIds=accounts)
+
+
+def test_allowed_accounts_must_hold_the_deploy_roles_account(tmp_path: Path) -> None:
+    (line,) = _problems(_stack(tmp_path, _allowed(["444455556666"])))
+    assert line == ("  - trainyard:aws.allowedAccountIds: does not hold deploy.roleArn's account '111122223333': "
+                    "the provider would refuse every deployment with that role's credentials")
+
+
+def test_an_unquoted_account_id_is_refused_by_key(tmp_path: Path) -> None:
+    (line,) = _problems(_stack(tmp_path, _allowed([111122223333])))
+    assert line.startswith("  - trainyard:aws.allowedAccountIds[0]: ")
+    assert "111122223333 is not an AWS account ID: write its 12 digits in quotes" in line
+
+
+def test_allowed_accounts_reach_the_programs_aws_provider(tmp_path: Path) -> None:
+    recording = render(read_stack("owned", _stack(tmp_path, _allowed(["111122223333"]))))
+    (provider,) = [r for r in recording.resources if r.type == "pulumi:providers:aws"]
+    assert json.loads(provider.inputs["allowedAccountIds"]) == ["111122223333"]
 
 
 def test_the_unknown_namespace_is_reported_with_the_other_problems(tmp_path: Path) -> None:

@@ -89,10 +89,12 @@ def build_aws(settings: Settings) -> ControlPlane:
     tags = base_tags(settings)
     release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
 
-    # The program's AWS provider, made from the validated region, so no resource falls back to the default provider
-    # and its `aws:region` (rules.py refuses a stack where the two differ). Moving resources from the default
-    # provider to this one with the same config replaces nothing: the engine asks DiffConfig (pulumi/pulumi#18509).
-    provider = aws.Provider("aws", region=region)
+    # The program's AWS provider, made from the validated region and accounts, so no resource falls back to the
+    # default provider and its `aws:region` (rules.py refuses a stack where the two differ). An explicit provider
+    # reads no `aws:*` config (pulumi/pulumi-aws#1307), so config/load.py refuses those keys. Moving resources from
+    # the default provider to this one with the same config replaces nothing: the engine asks DiffConfig
+    # (pulumi/pulumi#18509).
+    provider = aws.Provider("aws", region=region, allowed_account_ids=list(settings.aws.allowed_account_ids) or None)
     on_aws = pulumi.ResourceOptions(providers=[provider])
     network = Network("network", NetworkArgs(
         name_prefix=name, cluster_name=name, vpc_cidr=settings.network.vpc_cidr, zones=zones,

@@ -30,11 +30,25 @@ from trainyard.paths import REPO_ROOT, TRAINER_CONFIGS_DIR
 
 # Keys read as secrets; they never enter Settings, so they can't end up in clear in logs or the plan.
 SECRET_KEYS = ("grafanaAdminPassword",)
-# Config namespaces a stack may set besides the project's: the providers the program uses (requirements.txt) and
-# Pulumi's own (`pulumi:tags`, `pulumi:disable-default-providers`: pulumi.com/docs/iac/concepts/config). A key
-# in any other namespace reaches nothing: Pulumi hands it to the program, which never reads it.
-OTHER_NAMESPACES = ("aws", "kubernetes", "random", "pulumi")
-
+# Keys outside the project's namespace: Pulumi's own (`pulumi:tags`, `pulumi:disable-default-providers`:
+# pulumi.com/docs/iac/concepts/config) and `aws:region`, which the program reads (it must agree with
+# trainyard:aws.region). The program's AWS and Kubernetes providers are explicit, and an explicit provider reads no
+# stack config (pulumi/pulumi-aws#1307: "by design"), so any other key of their namespaces would reach nothing;
+# pulumi-random (its default provider) has no settings at all.
+ENGINE_NAMESPACE = "pulumi"
+READ_KEYS = ("aws:region",)
+PROVIDER_NAMESPACES = ("aws", "kubernetes")
+# What a stack sets instead of a provider key, by key and then by namespace.
+INSTEAD = {
+    "aws:profile": "set AWS_PROFILE where pulumi runs (the deploy workflow's OIDC credentials have no profile)",
+    "aws:allowedAccountIds": "set trainyard:aws.allowedAccountIds",
+    "aws:defaultTags": "set trainyard:aws.tags (every AWS resource carries them)",
+    "aws": "the AWS provider takes its credentials from the environment (AWS_PROFILE, AWS_ROLE_ARN...) and the rest "
+           "from trainyard:aws",
+    "kubernetes:context": "set trainyard:local.kubeconfigContext (target local)",
+    "kubernetes": "the Kubernetes provider is the cluster's (the kubeconfig the program builds) or, on target local, "
+                  "trainyard:local.kubeconfigContext's",
+}
 
 @dataclass(frozen=True)
 class Secrets:
@@ -112,17 +126,29 @@ def parse_settings(project: str, stack: str, raw: Mapping[str, Any], aws_region:
 
 
 def namespace_problems(project: str, keys: Iterable[str]) -> list[rules.Problem]:
-    """Keys in a namespace nothing reads (a typo such as `trainyrd:buckets`), each with the closest one read."""
-    known = (project, *OTHER_NAMESPACES)
+    """Keys outside the project's namespace that nothing reads: a provider key the explicit providers ignore, or a
+    namespace nobody reads (a typo such as `trainyrd:buckets`, with the closest one read)."""
+    known = (project, "aws", ENGINE_NAMESPACE)
     problems = []
     for key in sorted(keys):
         namespace, _, name = key.partition(":")
-        if namespace in known:
+        if namespace in (project, ENGINE_NAMESPACE) or key in READ_KEYS:
+            continue
+        if namespace == "random":
+            problems.append(rules.Problem(key, "pulumi-random has no provider settings, so this would reach nothing",
+                                          foreign=True))
+            continue
+        if namespace in PROVIDER_NAMESPACES:
+            instead = INSTEAD.get(key, INSTEAD[namespace])
+            problems.append(rules.Problem(key, f"the program's {namespace} provider is explicit and reads no stack "
+                                               f"config{' but aws:region' if namespace == 'aws' else ''}, so this "
+                                               f"would reach nothing; {instead}", foreign=True))
             continue
         close = difflib.get_close_matches(namespace, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}:{name}? " if close else ""
         problems.append(rules.Problem(key, f"unknown config namespace {namespace!r}, so nothing would read it; "
-                                           f"{hint}namespaces read: {', '.join(known)}", foreign=True))
+                                           f"{hint}namespaces read: {project}, aws (aws:region only), "
+                                           f"{ENGINE_NAMESPACE}", foreign=True))
     return problems
 
 

@@ -28,6 +28,8 @@ _RETENTION = re.compile(r"[0-9]+[dhw]")
 # A runner label or group name: letters, digits and . _ - (GitHub refuses others in runner labels).
 _RUNNER_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # A GitHub repository as <owner>/<name> (the `repository` claim of its OIDC tokens).
+# An AWS account ID is 12 digits (docs.aws.amazon.com/accounts/latest/reference/manage-acct-identifiers.html).
+_ACCOUNT_ID = re.compile(r"[0-9]{12}")
 _REPOSITORY = re.compile(r"[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}")
 
 
@@ -82,6 +84,13 @@ def _principal_arn(value: str) -> str:
 def _role_arn(value: str) -> str:
     if problem := name_rules.principal_arn_problem(value, kinds=("role",)):
         raise ValueError(problem)
+    return value
+
+
+def _account_id(value: object) -> object:
+    # Before the type check: YAML reads an unquoted ID as a number and drops its leading zeros.
+    if not (isinstance(value, str) and _ACCOUNT_ID.fullmatch(value)):
+        raise ValueError(f"{value!r} is not an AWS account ID: write its 12 digits in quotes")
     return value
 
 
@@ -196,6 +205,7 @@ RelativePath = Annotated[str, AfterValidator(_relative_path)]
 Region = Annotated[str, AfterValidator(_region)]
 PrincipalArn = Annotated[str, Field(max_length=2048), AfterValidator(_principal_arn)]
 RoleArn = Annotated[str, Field(max_length=2048), AfterValidator(_role_arn)]
+AccountId = Annotated[str, BeforeValidator(_account_id)]
 RunnerLabel = Annotated[str, AfterValidator(_runner_label)]
 # Upper bounds keep a typo (`maxSize: 4294967296`) from reaching AWS; ints are strict, so `true` is no 1.
 Positive = Annotated[int, Field(gt=0, le=100_000)]
@@ -236,6 +246,8 @@ class AwsSettings(Model):
     admin_principal_arns: list[PrincipalArn] = Field(min_length=1, max_length=20)
     # At most 50 user tags per AWS resource (tagging doc above); the program adds two of its own.
     tags: dict[TagKey, TagValue] = Field(default_factory=dict, max_length=48)
+    # The program's AWS provider refuses credentials of any other account (pulumi-aws Provider allowedAccountIds).
+    allowed_account_ids: list[AccountId] = Field(default_factory=list, max_length=20)
 
 
 class LocalSettings(Model):

@@ -209,6 +209,10 @@ def _deploy(s: Settings) -> Iterator[Problem]:
         if not d.runner_cidrs:
             yield Problem("deploy.runnerCidrs", "is required with deploy.apiAccess 'private': the ranges the "
                                                 "self-hosted runner reaches the VPC from")
+    if s.aws is not None and s.aws.allowed_account_ids and d.role_arn.split(":")[4] not in s.aws.allowed_account_ids:
+        yield Problem("aws.allowedAccountIds", f"does not hold deploy.roleArn's account "
+                                               f"{d.role_arn.split(':')[4]!r}: the provider would refuse every "
+                                               "deployment with that role's credentials")
     if s.aws is not None and d.role_arn in s.aws.admin_principal_arns:
         yield Problem("deploy.roleArn", "is also in aws.adminPrincipalArns; list it once (deploy.roleArn "
                                         "gets its own access entry)")
