@@ -19,12 +19,17 @@ from trainyard.platform.monitoring import retention_size
     ("500m", Decimal("0.5")), ("64", Decimal(64)), ("1.5", Decimal("1.5")), (".5", Decimal("0.5")),
     ("16Gi", Decimal(16 * 2**30)), ("2Ti", Decimal(2 * 2**40)), ("500M", Decimal(500 * 10**6)),
     ("3k", Decimal(3000)), ("1Pi", Decimal(2**50)), ("1E", Decimal(10**18)), ("104857600Ki", Decimal(100 * 2**30)),
+    # apimachinery's <signedNumber> and <decimalExponent> (pkg/api/resource/quantity.go): the API server takes these.
+    ("1e3", Decimal(1000)), ("2E3", Decimal(2000)), ("+1", Decimal(1)), ("-1", Decimal(-1)), ("1e-3", Decimal("0.001")),
+    ("1.5e+2", Decimal(150)), ("5.", Decimal(5)), ("-500m", Decimal("-0.5")),
 ])
 def test_a_quantity_is_its_exact_amount(text: str, amount: Decimal) -> None:
     assert parse_quantity(text) == amount
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "16gi", "16GB", "16 Gi", "-1", "1e3", "1.2.3", "16Gi\n", "ki", "0x10"])
+# The exponent is an integer (its suffixHandler.interpret reads it with strconv.ParseInt); one sign, in front.
+@pytest.mark.parametrize("text", ["", "Gi", "16gi", "16GB", "16 Gi", "1.2.3", "16Gi\n", "ki", "0x10", "e3", "1e",
+                                  "1e1.5", "1e+", "+", "--1", "1-", "1Ki3", "1e3Ki", "1Ei3", "."])
 def test_what_is_no_quantity_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
         parse_quantity(text)
@@ -50,6 +55,13 @@ def test_the_stack_model_accepts_what_the_layers_read(text: str) -> None:
     raw = _fleet()
     raw.setdefault("addons", {}).setdefault("monitoring", {})["storageSize"] = text
     assert parse_settings(PROJECT, "fleet", raw).addons.monitoring.storage_size == text
+
+
+def test_a_negative_amount_is_refused_by_key() -> None:
+    raw = _prod()
+    raw.setdefault("addons", {}).setdefault("alluxio", {})["memoryCache"] = "-1Gi"
+    with pytest.raises(ConfigError, match=r"trainyard:addons\.alluxio\.memoryCache: .*'-1Gi' is negative"):
+        parse_settings(PROJECT, "prod", raw)
 
 
 def test_a_quantity_with_a_trailing_newline_is_refused_by_key() -> None:

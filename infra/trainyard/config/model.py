@@ -43,7 +43,10 @@ def _dns_label(value: str) -> str:
 
 
 def _quantity(value: str) -> str:
-    parse_quantity(value)
+    # Kubernetes refuses a negative request, limit or quota (k8s.io/kubernetes pkg/apis/core/validation
+    # ValidateNonnegativeQuantity).
+    if parse_quantity(value) < 0:
+        raise ValueError(f"{value!r} is negative: a resource amount is 0 or more")
     return value
 
 
