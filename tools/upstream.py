@@ -13,9 +13,9 @@ nothing upstream is committed to this repository.
     python tools/upstream.py verify [--dest DIR]              verify the cache only
     python tools/upstream.py lock --from DIR                  rebuild the lock from a mirror that has a SOURCES.md
                                                               (a pinned chart it lacks keeps what `add` locked)
-    python tools/upstream.py add CHART VERSION --from DIR --source URL
-                                                              lock a chart no mirror holds: DIR is the chart as
-                                                              `helm pull URL --untar` leaves it, URL its package
+    python tools/upstream.py add CHART VERSION --source URL [--package FILE]
+                                                              lock a chart no mirror holds from its package: URL's
+                                                              bytes, or FILE as `helm pull` leaves it
 
 Exit status: 0 when the cache matches the lock, 2 with one message naming each missing or mismatched file.
 """
@@ -526,26 +526,45 @@ _CHART_VERSION = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?")
 _DEFAULTS = ("Chart.yaml", "values.yaml", "values.schema.json")
 
 
-def add_chart(chart: str, version: str, source: Path, url: str, dest: Path, lock: Path = LOCK) -> int:
-    """Lock `source`, the chart `helm pull URL --untar` unpacked, as `chart-src/<chart>/<version>` and its defaults as
-    `charts/<chart>/<version>`: each file with `url` and its member in that package, and its sha256; then put them
-    in the cache `dest`. Replaces what the lock held for that chart and version. Returns the files locked."""
+def package_files(chart: str, package: bytes, url: str) -> dict[str, bytes]:
+    """The files of a chart package by their path in the chart: `helm package` puts every file under `<chart>/`."""
+    files = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(package), mode="r:gz") as archive:
+            for member in archive.getmembers():
+                if member.isdir():
+                    continue
+                top, _, rel = member.name.partition("/")
+                if not member.isfile() or top != chart or not rel:
+                    raise UpstreamError(f"{url}: {member.name} is not a file under {chart}/, as `helm package` "
+                                        "writes them")
+                relative_parts(rel)
+                data = archive.extractfile(member)
+                assert data is not None  # a regular file's member
+                files[rel] = data.read()
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise UpstreamError(f"{url}: not a chart package (a gzipped tar: {_reason(error)})") from None
+    except UnsafePathError as error:
+        raise UpstreamError(f"{url}: {error}") from None
+    return files
+
+
+def add_chart(chart: str, version: str, package: bytes, url: str, dest: Path, lock: Path = LOCK) -> int:
+    """Lock the chart package `package`, the bytes `url` serves, as `chart-src/<chart>/<version>` and its defaults as
+    `charts/<chart>/<version>`: each file with `url`, its member in the package and its sha256; then put them in the
+    cache `dest`. Replaces what the lock held for that chart and version. Returns the files locked."""
     if not _CHART_NAME.fullmatch(chart) or not _CHART_VERSION.fullmatch(version):
         raise UpstreamError(f"{chart} {version}: a chart name is a DNS label and a version is SemVer (such as 1.2.3)")
     if not (url.startswith("https://") and url.endswith(".tgz")):
         raise UpstreamError(f"--source {url}: the https:// URL of the chart's package (.tgz), as `helm pull` reads it")
-    metadata = source / "Chart.yaml"
+    files = package_files(chart, package, url)
     try:
-        declared = yaml.safe_load(metadata.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise UpstreamError(f"{metadata}: not a chart's Chart.yaml ({error})") from None
-    if (str(declared.get("name")), str(declared.get("version"))) != (chart, version):
-        raise UpstreamError(f"{metadata}: declares {declared.get('name')} {declared.get('version')}, not {chart} "
-                            f"{version}")
-    links = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_symlink())
-    if links:
-        raise UpstreamError(f"{source}: holds links ({', '.join(links)}); use the tree `helm pull --untar` unpacks")
-    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in sorted(source.rglob("*")) if p.is_file()}
+        declared = yaml.safe_load(files.get("Chart.yaml", b"")) or {}
+    except yaml.YAMLError as error:
+        raise UpstreamError(f"{url}: {chart}/Chart.yaml is not YAML ({error})") from None
+    if not isinstance(declared, dict) or (str(declared.get("name")), str(declared.get("version"))) != (chart, version):
+        shown = f"{declared.get('name')} {declared.get('version')}" if isinstance(declared, dict) else "no chart"
+        raise UpstreamError(f"{url}: {chart}/Chart.yaml declares {shown}, not {chart} {version}")
     tree, defaults = f"{CHART_SRC}/{chart}/{version}", f"charts/{chart}/{version}"
     added = {f"{tree}/{rel}": (rel, data) for rel, data in files.items()}
     added |= {f"{defaults}/{name}": (name, files[name]) for name in _DEFAULTS if name in files}
@@ -597,15 +616,16 @@ def main(argv: list[str] | None = None) -> int:
         if name == "add":
             command.add_argument("chart")
             command.add_argument("version")
-            command.add_argument("--from", dest="mirror", type=_folder, required=True,
-                                 help="the chart's folder, as `helm pull URL --untar` leaves it")
             command.add_argument("--source", required=True, help="the https:// URL of the chart's package (.tgz)")
+            command.add_argument("--package", type=Path, help="that package, as `helm pull` leaves it (else the "
+                                                              "package is downloaded from --source)")
         elif name != "verify":
             command.add_argument("--from", dest="mirror", type=_folder, help="local mirror laid out like the cache")
     args = parser.parse_args(argv)
     try:
         if args.command == "add":
-            count = add_chart(args.chart, args.version, args.mirror, args.source, args.dest)
+            count = add_chart(args.chart, args.version, _package(args.package, args.source), args.source,
+                              args.dest)
             print(f"{LOCK.relative_to(REPO)}: {args.chart} {args.version} locked ({count} files from {args.source}); "
                   f"{args.dest} holds them")
         elif args.command == "verify":
@@ -633,9 +653,18 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, DataError):
             print("Fix: run `python tools/upstream.py sync` with internet access, or `--from DIR` pointing at a "
                   "mirror (a checkout's ../shared/upstream); a chart no mirror holds: `python tools/upstream.py add "
-                  "CHART VERSION --from DIR --source URL`.", file=sys.stderr)
+                  "CHART VERSION --source URL`.", file=sys.stderr)
         return 2
     return 0
+
+
+def _package(path: Path | None, url: str) -> bytes:
+    if path is None:
+        return download(url)
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise UpstreamError(f"--package {path}: cannot be read ({_reason(error)})") from None
 
 
 def _folder(text: str) -> Path:

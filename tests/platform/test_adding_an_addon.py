@@ -3,7 +3,7 @@ each file edited by hand being one the README names and the lock written by `too
 renders it wired like every other add-on (monitoring, ordering, settings, conformance) and the checks the suite
 makes of every chart (release data, the lock) pass for it.
 
-The chart is fictional (`example-exporter`): its folder, as `helm pull --untar` would leave it, is a fixture here,
+The chart is fictional (`example-exporter`): its package, as `helm pull` would leave it, is a fixture here,
 locked with `tools/upstream.py add` into a cache beside the copy; the plan renders the tree with Helm, and
 conformance checks the values against its defaults, as for real charts.
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -172,14 +174,17 @@ def _upstream(tmp_path: Path, repo: Path) -> Path:
     # its verification stamp, which the tool rewrites for the copy's lock.
     upstream = tmp_path / "upstream"
     shutil.copytree(upstream_dir(ROOT), upstream, copy_function=_link, ignore=shutil.ignore_patterns(".verified"))
-    pulled = tmp_path / "pulled" / CHART  # what `helm pull <repository>/example-exporter --untar` leaves
-    (pulled / "templates").mkdir(parents=True)
-    (pulled / "Chart.yaml").write_text(CHART_YAML)
-    (pulled / "values.yaml").write_text(UPSTREAM_VALUES)
-    (pulled / "templates" / "deployment.yaml").write_text(TEMPLATE)
-    added = subprocess.run([sys.executable, "tools/upstream.py", "add", CHART, VERSION, "--from", str(pulled),
-                            "--source", PACKAGE, "--dest", str(upstream)], cwd=repo, capture_output=True, text=True,
-                           timeout=120)
+    pulled = tmp_path / "pulled" / f"{CHART}-{VERSION}.tgz"  # what `helm pull <repository>/example-exporter` leaves
+    pulled.parent.mkdir()
+    with tarfile.open(pulled, "w:gz") as package:
+        for name, text in (("Chart.yaml", CHART_YAML), ("values.yaml", UPSTREAM_VALUES),
+                           ("templates/deployment.yaml", TEMPLATE)):
+            member = tarfile.TarInfo(f"{CHART}/{name}")
+            member.size = len(text.encode())
+            package.addfile(member, io.BytesIO(text.encode()))
+    added = subprocess.run([sys.executable, "tools/upstream.py", "add", CHART, VERSION, "--source", PACKAGE,
+                            "--package", str(pulled), "--dest", str(upstream)], cwd=repo, capture_output=True,
+                           text=True, timeout=120)
     assert added.returncode == 0, added.stderr
     return upstream
 

@@ -505,7 +505,8 @@ URL = "https://charts.example.invalid/demo-1.0.0.tgz"
 def test_add_locks_a_chart_no_mirror_holds_and_sync_fetches_it_from_its_package(tool: ModuleType,
                                                                                   tmp_path: Path) -> None:
     chart, lock, cache = _chart(tmp_path / "demo"), _write_lock(tmp_path, []), tmp_path / "cache"
-    assert tool.add_chart("demo", "1.0.0", chart, URL, cache, lock) == 5
+    package = _package(chart, "demo")
+    assert tool.add_chart("demo", "1.0.0", package, URL, cache, lock) == 5
     locked = {e.path: e for e in tool.load_lock(lock)}
     assert sorted(locked) == ["chart-src/demo/1.0.0/Chart.yaml", "chart-src/demo/1.0.0/templates/deployment.yaml",
                               "chart-src/demo/1.0.0/values.yaml", "charts/demo/1.0.0/Chart.yaml",
@@ -516,12 +517,11 @@ def test_add_locks_a_chart_no_mirror_holds_and_sync_fetches_it_from_its_package(
     # A fresh cache, and a mirror without the chart: sync takes each file from the package, checksums verified.
     fresh, mirror = tmp_path / "fresh", tmp_path / "mirror"
     mirror.mkdir()
-    package = _package(chart, "demo")
     assert tool.sync(fresh, mirror, lock, lambda url: package if url == URL else b"") == (5, 0)
     assert (fresh / "chart-src/demo/1.0.0/templates/deployment.yaml").read_text() == "kind: Deployment\n"
     # Adding the same version again replaces its files: nothing of the earlier tree stays.
     (chart / "templates" / "deployment.yaml").unlink()
-    assert tool.add_chart("demo", "1.0.0", chart, URL, cache, lock) == 4
+    assert tool.add_chart("demo", "1.0.0", _package(chart, "demo"), URL, cache, lock) == 4
     assert not (cache / "chart-src/demo/1.0.0/templates/deployment.yaml").exists()
     assert tool.is_verified(cache, lock)
 
@@ -532,7 +532,7 @@ def test_lock_from_a_mirror_keeps_a_chart_add_locked_that_the_mirror_lacks(tool:
     work.mkdir()
     _, commit = _mirror(mirror)
     lock, cache, url = _write_lock(work, []), work / "cache", "https://charts.example.invalid/extra-2.0.0.tgz"
-    tool.add_chart("extra", "2.0.0", _chart(work / "extra", "extra", "2.0.0"), url, cache, lock)
+    tool.add_chart("extra", "2.0.0", _package(_chart(work / "extra", "extra", "2.0.0"), "extra"), url, cache, lock)
     added = {e.path: e for e in tool.load_lock(lock)}
     pins = {("demo", "1.0.0"), ("extra", "2.0.0")}
     entries, trees = tool.lock_from_mirror(mirror, pins, tool.load_lock(lock), tool.load_trees(lock))
@@ -546,8 +546,55 @@ def test_lock_from_a_mirror_keeps_a_chart_add_locked_that_the_mirror_lacks(tool:
     assert not [e.path for e in entries if "extra" in e.path] and [t.path for t in trees] == ["chart-src/demo/1.0.0"]
 
 
+def test_add_locks_what_the_package_holds_not_a_local_copy(tool: ModuleType, tmp_path: Path) -> None:
+    chart, lock, cache = _chart(tmp_path / "demo"), _write_lock(tmp_path, []), tmp_path / "cache"
+    package = _package(chart, "demo")
+    (chart / "values.yaml").write_text("replicas: 9\n")  # edited after the pull: not what the URL serves
+    tool.add_chart("demo", "1.0.0", package, URL, cache, lock)
+    assert (cache / "chart-src/demo/1.0.0/values.yaml").read_text() == "replicas: 1\n"
+    # So a clean clone's sync, taking each file from the package at URL, finds every sha256 the lock records.
+    assert tool.sync(tmp_path / "fresh", None, lock, lambda url: package) == (5, 0)
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive.getvalue()
+
+
+def _link_member(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info
+
+
+CHART_YAML = b"apiVersion: v2\nname: demo\nversion: 1.0.0\n"
+
+
+@pytest.mark.parametrize(("package", "message"), [
+    (b"not a tar", r"not a chart package \(a gzipped tar"),
+    (_tar((tarfile.TarInfo("demo/Chart.yaml"), CHART_YAML), (tarfile.TarInfo("other/values.yaml"), b"")),
+     r"other/values.yaml is not a file under demo/"),
+    (_tar((tarfile.TarInfo("demo/Chart.yaml"), CHART_YAML), (_link_member("demo/values.yaml", "/etc/passwd"), b"")),
+     r"demo/values.yaml is not a file under demo/"),
+    (_tar((tarfile.TarInfo("demo/Chart.yaml"), CHART_YAML), (tarfile.TarInfo("demo/../x.yaml"), b"")),
+     r"\.\."),
+    (_tar((tarfile.TarInfo("demo/values.yaml"), b"")), r"demo/Chart.yaml declares None None, not demo 1.0.0"),
+])
+def test_add_refuses_a_package_that_is_not_a_chart(tool: ModuleType, tmp_path: Path, package: bytes,
+                                                   message: str) -> None:
+    lock = _write_lock(tmp_path, [])
+    before = lock.read_text()
+    with pytest.raises(tool.UpstreamError, match=message):
+        tool.add_chart("demo", "1.0.0", package, URL, tmp_path / "cache", lock)
+    assert lock.read_text() == before and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize(("name", "version", "url", "message"), [
-    ("demo", "2.0.0", URL, r"Chart.yaml: declares demo 1.0.0, not demo 2.0.0"),
+    ("demo", "2.0.0", URL, r"demo/Chart.yaml declares demo 1.0.0, not demo 2.0.0"),
     ("../demo", "1.0.0", URL, r"a chart name is a DNS label"),
     ("demo", "1.0.0/../..", URL, r"a version is SemVer"),
     ("demo", "1.0.0", "http://charts.example.invalid/demo-1.0.0.tgz", r"--source .*https:// URL of the chart"),
@@ -557,5 +604,5 @@ def test_add_refuses_what_is_not_the_chart_it_names(tool: ModuleType, tmp_path: 
     lock = _write_lock(tmp_path, [])
     before = lock.read_text()
     with pytest.raises(tool.UpstreamError, match=message):
-        tool.add_chart(name, version, _chart(tmp_path / "demo"), url, tmp_path / "cache", lock)
+        tool.add_chart(name, version, _package(_chart(tmp_path / "demo"), "demo"), url, tmp_path / "cache", lock)
     assert lock.read_text() == before and not (tmp_path / "cache").exists()
