@@ -74,6 +74,20 @@ def test_catalogue_is_not_empty() -> None:
     assert len(TEST_FILES) == len(RULE_FILES)
 
 
+def test_the_promtool_version_is_stated_beside_the_clusters_prometheus() -> None:
+    """No registry has a 3.x promtool (platform/monitoring/README.md): the pair tested is stated, and kept true."""
+    shown = subprocess.run([_promtool(), "--version"], capture_output=True, text=True, check=True, timeout=60)
+    promtool = re.search(r"version (\d+\.\d+\.\d+)", shown.stdout + shown.stderr)
+    assert promtool is not None, shown.stdout + shown.stderr
+    servers = {yaml.safe_load(path.read_text())["spec"]["version"].removesuffix("-distroless")
+               for path in REPO.glob("plans/*/rendered/kube-prometheus-stack/prometheus.*.yaml")}
+    assert servers, "no rendered Prometheus in plans/"
+    readme = " ".join(README.read_text().split())
+    assert f"The tests run on promtool {promtool.group(1)} " in readme
+    for server in servers:
+        assert f"the cluster runs Prometheus {server}." in readme
+
+
 def test_promtool_check_rules() -> None:
     _run_promtool("check", "rules", *map(str, RULE_FILES))
 
