@@ -24,6 +24,7 @@ ConfigMap, and the job's `policies`. What stands in for the cluster:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,6 +133,25 @@ def rendered_training_jobs(stack: str) -> list[RenderedJob]:
                 for v in volumes if "configMap" in v}
         result.append(RenderedJob(stack, job, manifest, maps, subpath))
     return result
+
+
+def run_key(job: RenderedJob) -> str:
+    """What this runner takes from a job (its launch line, env, mounts and volumes, config files, policies, node
+    counts, kind and dataset), with the stack's, namespace's and job's names set aside: equal keys, equal runs."""
+    pod = job.pod
+    seen = {"container": {k: job.container.get(k) for k in ("command", "args", "env", "volumeMounts")},
+            "volumes": [{k: v for k, v in volume.items() if k != "emptyDir"} | {"emptyDir": "emptyDir" in volume}
+                        for volume in pod["volumes"]],
+            "policies": job.spec["policies"], "dataset_subpath": job.dataset_subpath}
+    text = json.dumps(seen, sort_keys=True)
+    namespace = job.manifest["metadata"]["namespace"]
+    for name, placeholder in ((f"trainyard-{job.stack}-", "trainyard-<stack>-"), (job.job.name, "<job>"),
+                              (namespace, "<namespace>")):
+        text = text.replace(name, placeholder)
+    # As they are: what a name may equal by chance (a kind, a dataset), and the files of the job's config maps.
+    exact = {"kind": job.job.kind, "dataset": job.job.dataset, "nodes": job.node_counts,
+             "files": sorted(json.dumps(files, sort_keys=True) for files in job.config_maps.values())}
+    return text + json.dumps(exact, sort_keys=True)
 
 
 def processes_per_pod(job: RenderedJob, nodes: int) -> int:

@@ -1,9 +1,16 @@
 """Every training job of every stack, run from its rendered Volcano Job on CPU (see rendered_jobs.py for what stands
 in for the cluster): it reaches its first step at MIN and MAX nodes of its range, each failure class exits with the
-code the job's own rendered policies map to the intended action, and nothing of its run directory is lost."""
+code the job's own rendered policies map to the intended action, and nothing of its run directory is lost.
+
+Jobs whose runs would be the same (the same rendered launch, config, policies and node counts, told apart only by
+their stack's, namespace's and own names: the smoke test every AWS stack carries) run once, under one id naming
+them all."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -15,6 +22,7 @@ from rendered_jobs import (
     kill,
     processes_per_pod,
     rendered_training_jobs,
+    run_key,
     volcano_action,
     wait_all,
 )
@@ -24,6 +32,10 @@ from trainyard_train.exitcodes import CONFIG_ERROR, CRASH, STOPPED, STORE_LOST
 
 pytestmark = pytest.mark.slow
 JOBS = [job for stack in available_stacks() for job in rendered_training_jobs(stack)]
+# One run per distinct run: the first job of each, and every job it stands for.
+RUNS: dict[str, list[RenderedJob]] = {}
+for _job in JOBS:
+    RUNS.setdefault(run_key(_job), []).append(_job)
 
 
 def intended(job: RenderedJob, exit_code: int) -> str:
@@ -56,7 +68,8 @@ def world(job: RenderedJob, nodes: int) -> int:
     return nodes * processes_per_pod(job, nodes)
 
 
-@pytest.mark.parametrize("job", JOBS, ids=[f"{j.stack}-{j.job.name}" for j in JOBS])
+@pytest.mark.parametrize("job", [same[0] for same in RUNS.values()],
+                         ids=["+".join(f"{j.stack}-{j.job.name}" for j in same) for same in RUNS.values()])
 def test_rendered_job_runs_and_fails_as_its_policies_intend(job: RenderedJob, tmp_path: Path,
                                                            s3_server: str) -> None:
     cluster = Cluster(job, tmp_path, s3_server)
@@ -133,7 +146,34 @@ def test_the_runner_covers_every_training_job_of_every_stack() -> None:
     from trainyard.plan.runtime import read_stack, settings_of
 
     expected = {(s, j.name) for s in available_stacks() for j in settings_of(read_stack(s)).workloads}
-    assert {(j.stack, j.job.name) for j in JOBS} == expected and expected
+    assert {(j.stack, j.job.name) for same in RUNS.values() for j in same} == expected and expected
+    # A job stands for another only when the runner would see the same thing once the names are set aside.
+    for first, *others in RUNS.values():
+        assert all(run_key(other) == run_key(first) and other.job.kind == first.job.kind for other in others)
+
+
+def test_jobs_apart_only_by_their_names_run_once() -> None:
+    """Renaming a job's stack, namespace and job leaves its run the same; any other change to what the runner
+    reads (an argument, an env value, a policy, the config) makes it a run of its own."""
+    job = next(j for j in JOBS if j.job.dataset is None)
+    renamed = dataclasses.replace(job, stack="other", job=job.job.model_copy(update={"name": "renamed"}),
+                                  manifest=_renamed(job.manifest, job, "other", "renamed"),
+                                  config_maps={k.replace(job.job.name, "renamed"): v
+                                               for k, v in job.config_maps.items()})
+    assert run_key(renamed) == run_key(job)
+    changed = copy.deepcopy(job.manifest)
+    changed["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["args"].append("train.steps=7")
+    assert run_key(dataclasses.replace(job, manifest=changed)) != run_key(job)
+    changed = copy.deepcopy(job.manifest)
+    changed["spec"]["policies"] = changed["spec"]["policies"][1:]
+    assert run_key(dataclasses.replace(job, manifest=changed)) != run_key(job)
+    maps = {k: {f: t + "\n# another config" for f, t in v.items()} for k, v in job.config_maps.items()}
+    assert run_key(dataclasses.replace(job, config_maps=maps)) != run_key(job)
+
+
+def _renamed(manifest: dict, job: RenderedJob, stack: str, name: str) -> dict:
+    text = json.dumps(manifest).replace(f"trainyard-{job.stack}-", f"trainyard-{stack}-").replace(job.job.name, name)
+    return dict(json.loads(text))
 
 
 def test_volcano_action_follows_policy_order() -> None:
