@@ -5,7 +5,8 @@ VENV := .venv
 CHECKOV_VENV := .venv-checkov
 BIN := $(VENV)/bin
 STACK ?= dev
-STACKS := dev staging prod local
+# Every stack file in stacks/ (users add, rename and delete their own).
+STACKS := $(patsubst stacks/Pulumi.%.yaml,%,$(wildcard stacks/Pulumi.*.yaml))
 
 .PHONY: plan plans deps upstream preflight test test-fast lint bench gpu-check clean
 
@@ -56,6 +57,7 @@ plan: $(VENV)/.installed $(BIN)/helm upstream  ## render one stack offline (STAC
 
 plans: $(VENV)/.installed $(BIN)/helm upstream  ## refresh the reviewed plans in plans/ and Pulumi.yaml's add-on list (commit them)
 	$(BIN)/python -m trainyard.platform.registry
+	for d in plans/*/; do [ -f "stacks/Pulumi.$$(basename $$d).yaml" ] || rm -rf "$$d"; done  # a deleted stack's plan
 	for s in $(STACKS); do $(BIN)/python -m trainyard plan --stack $$s --quiet --out plans/$$s > /dev/null || exit 1; done
 
 deps:  ## the system tools the suite needs (Debian/Ubuntu, as root)
