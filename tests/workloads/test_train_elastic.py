@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -49,8 +50,25 @@ def expected_grad_bytes(rank: int, min_rate: float) -> tuple[int, int]:
     return plain * 4, compressed * 4  # float32 gradients
 
 
-def test_two_process_run_converges(tmp_path: Path) -> None:
-    events = run(tmp_path / "run").events()
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """The tiny config's own run on two ranks (150 steps, a checkpoint every 25): read, never changed."""
+    return run(tmp_path_factory.mktemp("two-ranks") / "run")
+
+
+@pytest.fixture(scope="module")
+def thirty_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-process run to step 30 keeping checkpoints 10, 20 and 30: each test damages a copy."""
+    run_dir = tmp_path_factory.mktemp("thirty-steps") / "run"
+    run(run_dir, ["train.steps=30", *TORN_OVERRIDES], nproc=1, torchrun=False)
+    return run_dir
+
+
+TORN_OVERRIDES = ["checkpoint.interval_steps=10", "checkpoint.keep_last=3"]
+
+
+def test_two_process_run_converges(two_rank_run: Launch) -> None:
+    events = two_rank_run.events()
     start = events[0]
     assert start["event"] == "start" and start["world_size"] == 2 and start["accum"] == 2
     initial, final = mean_loss(events, 1, 5), mean_loss(events, 140, 150)
@@ -135,10 +153,10 @@ def test_sigterm_to_torchrun_saves_once_and_is_not_restarted(tmp_path: Path, cle
 
 
 @pytest.mark.parametrize("damage", ["commit_missing", "file_truncated", "metadata_corrupt", "distcp_bytes_flipped"])
-def test_torn_checkpoint_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+def test_torn_checkpoint_falls_back_to_previous(tmp_path: Path, thirty_steps: Path, damage: str) -> None:
     run_dir = tmp_path / "run"
-    overrides = ["checkpoint.interval_steps=10", "checkpoint.keep_last=3"]
-    run(run_dir, ["train.steps=30", *overrides], nproc=1, torchrun=False)
+    shutil.copytree(thirty_steps, run_dir)
+    overrides = TORN_OVERRIDES
     newest = step_dir(run_dir / "checkpoints", 30)
     if damage == "commit_missing":
         (newest / COMMIT).unlink()
@@ -203,10 +221,8 @@ def test_resume_restores_powersgd_state_when_world_unchanged(tmp_path: Path) -> 
     assert {e["grad_bytes"] for e in steps(events) if e["step"] > 20} == {compressed}
 
 
-def test_checkpoint_layout_matches_readme(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    run(run_dir, ["train.steps=10", "checkpoint.interval_steps=5"], nproc=2)
-    ckpt = step_dir(run_dir / "checkpoints", 10)
+def test_checkpoint_layout_matches_readme(two_rank_run: Launch) -> None:
+    ckpt = step_dir(two_rank_run.run_dir / "checkpoints", 150)
     names = {p.name for p in ckpt.iterdir()}
     assert {COMMIT, ".metadata", "__0_0.distcp", "__1_0.distcp"} <= names
     assert set(read_commit(ckpt)["files"]) == names - {COMMIT}
