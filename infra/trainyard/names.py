@@ -55,8 +55,8 @@ ALLUXIO = ServiceAccountRef(DATASET_NAMESPACE, "default")
 # The fabric checks run in a namespace and queue of their own, not a tenant's (platform/tenants.py).
 FABRIC_CHECK_NAMESPACE = "trainyard-fabric-check"
 FABRIC_CHECK_QUEUE = "fabric-check"
-# Experiment tracking (platform/mlflow.py): the MLflow server's namespace, Service, port and account. Tenants reach it
-# at MLFLOW_TRACKING_URI; the cloud layer grants the account read access to the tenants' artifact prefixes.
+# Experiment tracking (platform/mlflow.py): the MLflow server's namespace, Service, port and account (no AWS role).
+# Tenants reach it at MLFLOW_TRACKING_URI.
 MLFLOW_NAMESPACE = "mlflow"
 MLFLOW_SERVICE = "mlflow"
 MLFLOW_PORT = 5000

@@ -84,8 +84,7 @@ def test_pod_identity_associations_use_shared_names(stack: str) -> None:
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert pairs == {("kube-system", "karpenter"), ("kube-system", "ebs-csi-controller-sa"),
                      ("kube-system", "cilium-operator"), ("kube-system", "pod-identity-check"),
-                     *((t.namespace_name, account) for t in settings.tenants for account in tenant_accounts),
-                     *([("mlflow", "mlflow")] if settings.addons.mlflow.enabled else [])}
+                     *((t.namespace_name, account) for t in settings.tenants for account in tenant_accounts)}
     for role in of_type(rec, "aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
         if trust["Principal"].get("Service") == "pods.eks.amazonaws.com":

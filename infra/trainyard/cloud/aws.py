@@ -29,7 +29,6 @@ from trainyard.cloud.iam import (
     alluxio_policy,
     cilium_operator_policy,
     cluster_owned_tag,
-    tracking_server_policy,
     trainer_policy,
 )
 from trainyard.cloud.karpenter import KarpenterInfra, KarpenterInfraArgs
@@ -150,9 +149,8 @@ def build_aws(settings: Settings) -> ControlPlane:
                                    tenant_policy))
     tracking = None
     if settings.addons.mlflow.enabled:
-        artifacts = [f"{t.namespace_name}/{names.MLFLOW_ARTIFACT_DIR}" for t in settings.tenants]
-        identities.append(identity("mlflow", "mlflow", (names.MLFLOW,), tracking_server_policy(
-            checkpoints.bucket.arn, checkpoints.kms.key.arn, artifacts)))
+        # No AWS role for the server: it would read every tenant's artifacts for whoever asks it (MLflow has no
+        # per-tenant access here: platform/mlflow.py), so clients read and write their own prefix themselves.
         database = settings.addons.mlflow.database
         tracking = TrackingDatabase("tracking-db", TrackingDatabaseArgs(
             name=physical(settings, "mlflow"), settings=database,

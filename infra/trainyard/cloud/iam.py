@@ -159,21 +159,6 @@ def trainer_policy(checkpoint_bucket_arn: pulumi.Input[str], checkpoint_key_arn:
                     *bucket_read(dataset_bucket_arn, dataset_key_arn))
 
 
-def tracking_server_policy(bucket_arn: pulumi.Input[str], key_arn: pulumi.Input[str],
-                           prefixes: Sequence[str]) -> Policy:
-    """The MLflow server reads what tenants' clients wrote under `<bucket>/<prefix>/` (one `<namespace>/mlflow` per
-    tenant), for the UI's artifact views: with `mlflow server --no-serve-artifacts` clients upload with their own
-    role and the server only reads. It writes and deletes nothing, and reads nothing else of the bucket."""
-    return document(
-        allow(["s3:ListBucket"], bucket_arn, {"StringLike": {"s3:prefix": [f"{p}/*" for p in prefixes]}},
-              sid="ListTenantArtifacts"),
-        allow(["s3:GetBucketLocation"], bucket_arn),
-        allow(["s3:GetObject", "s3:GetObjectVersion"],
-              [pulumi.Output.concat(bucket_arn, f"/{p}/*") for p in prefixes], sid="ReadTenantArtifacts"),
-        allow(["kms:Decrypt", "kms:DescribeKey"], key_arn),
-    )
-
-
 # Cilium ENI IPAM: the operator creates and attaches ENIs and assigns their secondary IPs and prefixes to pods. The
 # list is Cilium's "Required Privileges" (Documentation/network/concepts/ipam/eni.rst), the prefix-list reads
 # included (they resolve AWS prefix lists in policies: cilium/cilium issue 45805, PR 45806).

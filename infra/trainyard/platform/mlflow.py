@@ -11,12 +11,18 @@ Bitnami `postgresql` 18.8.12 as a dependency that no public source holds, which 
 chart standing in for code nobody here can read; its other subcharts are Bitnami's discontinued mysql and minio
 (AGPL-3.0), which must never be deployed. The server itself is `mlflow server` with flags, stated here in full.
 
-On AWS the server only reads artifacts (`--no-serve-artifacts`): clients upload to
+On AWS the server never touches artifacts (`--no-serve-artifacts`) and holds no AWS role: clients read and write
 `s3://<checkpoint bucket>/<namespace>/mlflow/...` with their own pod identity, so IAM keeps each tenant in its prefix
-(an experiment's artifact location comes from the `mlflow-client` ConfigMap of its namespace); the server's role reads
-those prefixes for the UI (cloud/iam.tracking_server_policy). The default artifact root is a prefix no tenant may
-write, so an experiment created without a location fails its first upload instead of landing outside every tenant.
-On `local` (no S3) the server proxies artifacts onto a volume of its own.
+(an experiment's artifact location comes from the `mlflow-client` ConfigMap of its namespace). The default artifact
+root is a prefix no tenant may write, so an experiment created without a location fails its first upload instead of
+landing outside every tenant. On `local` (no S3) the server proxies artifacts onto a volume of its own.
+
+What is not isolated: the server runs without MLflow's auth app, so any tenant pod that reaches it reads and changes
+every tenant's experiments, runs and registered models (mlflow 3.17.2 serves them to any caller without
+`--app-name basic-auth`: mlflow/server/handlers.py). A server role reading the tenants' prefixes would extend that to
+their artifacts (handlers.py get_artifact_handler reads `run.info.artifact_uri` with the server's credentials, and
+an experiment's artifact location may name any prefix: _validate_storage_location_uri checks only the scheme), so
+the server has none and the UI shows no artifacts on AWS. On `local` the proxied artifacts are open the same way.
 
 The database: RDS on AWS (cloud/database.py; its URI, with the password, in a Secret here), a one-instance
 CloudNativePG cluster on `local` (its `-app` Secret's `uri`). The schema is migrated by a Job per MLflow version before
@@ -100,7 +106,6 @@ class MlflowArgs:
     database: DatabaseFacts | None
     # The checkpoint bucket, whose `<namespace>/mlflow/` prefixes hold the artifacts; None on `local`.
     artifact_bucket: pulumi.Input[str] | None
-    region: str | None
     tenants: Mapping[str, TenantFacts]
     network_policy: NetworkPolicyKind
     monitoring_namespace: str | None
@@ -143,8 +148,8 @@ def _restricted() -> dict[str, Any]:
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _env(region: str | None, uri_secret: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [
+def _env(uri_secret: str) -> list[dict[str, Any]]:
+    return [
         {"name": "MLFLOW_BACKEND_STORE_URI",
          "valueFrom": {"secretKeyRef": {"name": uri_secret, "key": DATABASE_URI_KEY}}},
         {"name": FLASK_SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": SERVER_SECRET, "key": FLASK_SECRET_KEY}}},
@@ -153,9 +158,6 @@ def _env(region: str | None, uri_secret: str) -> list[dict[str, Any]]:
         # The image's user has no home under a random uid: caches go to the writable /tmp.
         {"name": "HOME", "value": TMP},
     ]
-    if region is not None:
-        env.append({"name": "AWS_REGION", "value": region})
-    return env
 
 
 def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, Any]:
@@ -164,7 +166,7 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
         "name": "migrate" if migrate else "server",
         "image": IMAGE,
         "imagePullPolicy": "Always",
-        "env": _env(args.region, uri_secret),
+        "env": _env(uri_secret),
         "securityContext": _restricted(),
         "volumeMounts": [{"name": "tmp", "mountPath": TMP}],
     }
@@ -192,7 +194,7 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
             volumes.append({"name": "artifacts", "persistentVolumeClaim": {"claimName": ARTIFACT_CLAIM}})
     return {
         "serviceAccountName": names.MLFLOW.name,
-        # S3 through pod identity and PostgreSQL: nothing here talks to the Kubernetes API.
+        # PostgreSQL only: nothing here talks to the Kubernetes API.
         "automountServiceAccountToken": False,
         "nodeSelector": {names.ROLE_LABEL: "system"},
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": UNPRIVILEGED_USER},
@@ -403,7 +405,7 @@ def build(ctx: AddonContext) -> Mlflow:
     cilium = any(a.cni for a in ctx.enabled)
     return Mlflow(ctx.addon.resource_name, MlflowArgs(
         cluster=cluster, settings=ctx.settings(MlflowSettings), database=cluster.tracking_database,
-        artifact_bucket=cluster.checkpoint_bucket, region=cluster.region, tenants=ctx.tenants,
+        artifact_bucket=cluster.checkpoint_bucket, tenants=ctx.tenants,
         network_policy="cilium" if cilium else "kubernetes",
         monitoring_namespace=ctx.catalogue.chart("kube-prometheus-stack").namespace if ctx.monitoring else None,
         monitoring=ctx.monitoring, protect=ctx.stack.protect,
