@@ -129,6 +129,10 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("bad-quantity", _set("tenants[0].capability.memory", "lots"), "trainyard:tenants[0].capability.memory",
      "quantity"),
     ("quota-below-capability", _set("tenants[0].quota.gpu", 8), "trainyard:tenants[0].quota.gpu", "below"),
+    # research holds two of fleet's jobs, 1Ti and 10Gi of checkpoints.
+    ("quota-storage-below-claims", _set("tenants[1].quota.storage", "1Ti"), "trainyard:tenants[1].quota.storage",
+     "checkpoint claims"),
+    ("quota-claims-below-jobs", _set("tenants[1].quota.claims", 1), "trainyard:tenants[1].quota.claims", "fewer"),
     ("job-unknown-tenant", _set("workloads[0].tenant", "marketing"), "trainyard:workloads[0].tenant",
      "unknown tenant"),
     ("job-unknown-pool", _set("workloads[0].nodePool", "h300"), "trainyard:workloads[0].nodePool", "unknown pool"),

@@ -218,13 +218,16 @@ def test_default_tenant_patches_volcanos_default_queue(stack: Stack) -> None:
 
 @pytest.mark.parametrize("stack", every_stack())
 def test_quotas_and_trainer_accounts_per_tenant(stack: Stack) -> None:
-    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")}
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")
+              if q["metadata"]["name"] == "tenant-quota"}
     mig = _mig_per_gpu(stack)
     for tenant in _tenants(stack):
         # A tenant without a quota gets its capability as one (issue 19 finding 12: prod's eval had none).
         limit = tenant.get("quota") or tenant["capability"]
         expected = {f"requests.{k}": v for k, v in _limits(limit, mig).items()}
         expected["pods"] = str(limit.get("pods", 200))
+        expected |= {"requests.storage": limit.get("storage", "10Ti"),
+                     "persistentvolumeclaims": str(limit.get("claims", 20))}
         assert quotas[tenant.get("namespace", tenant["name"])] == expected, tenant["name"]
     accounts = [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in _objects(stack, "ServiceAccount")]
     assert {(t.get("namespace", t["name"]), "trainer") for t in _tenants(stack)} <= set(accounts)

@@ -14,11 +14,14 @@ from typing import Any
 
 import celpy
 import pytest
+from trainyard.config.model import TenantQuota
 from trainyard.config.quantity import parse_quantity
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, QUEUE_LABEL
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform.monitor_policy import POD_MONITOR_POLICY, SAMPLE_LIMIT
+from trainyard.platform.tenants import QUEUE_POLICY, TENANT_LABEL
 
 STACKS = available_stacks()
 VOLCANO_STACKS = [s for s in STACKS if settings_of(read_stack(s)).addons.volcano.enabled]
@@ -60,10 +63,15 @@ class Policy:
         return all(bool(program.evaluate(bound)) for program in self.programs)
 
 
+def _named(stack: str, kind: str, name: str) -> dict[str, Any]:
+    (obj,) = [o for o in _objects(stack, kind) if o["metadata"]["name"] == name]
+    return obj
+
+
 @cache
 def _policy(stack: str) -> Policy:
-    (policy,) = _objects(stack, "ValidatingAdmissionPolicy")
-    (binding,) = _objects(stack, "ValidatingAdmissionPolicyBinding")
+    policy = _named(stack, "ValidatingAdmissionPolicy", QUEUE_POLICY)
+    binding = _named(stack, "ValidatingAdmissionPolicyBinding", QUEUE_POLICY)
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     return Policy(policy["spec"])
 
@@ -109,7 +117,8 @@ def test_every_rendered_job_is_admitted_in_its_namespace(stack: str) -> None:
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_tenant_namespace_has_a_quota_with_mig_slices(stack: str) -> None:
     settings = settings_of(read_stack(stack))
-    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")}
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")
+              if q["metadata"]["name"] == "tenant-quota"}
     mig_pools = [p for p in settings.pools("gpu") if p.mig_layout]
     for tenant in settings.tenants:
         hard = quotas[tenant.namespace_name]
@@ -119,6 +128,40 @@ def test_every_tenant_namespace_has_a_quota_with_mig_slices(stack: str) -> None:
             mig = {k for k in hard if k.startswith("requests.nvidia.com/mig-")}
             assert bool(mig) is bool(mig_pools), tenant.name
         assert "pods" in hard
+        # Claims too: members create checkpoint claims on the classes every tenant shares.
+        storage = tenant.quota or TenantQuota()
+        assert hard["requests.storage"] == storage.storage
+        assert hard["persistentvolumeclaims"] == str(storage.claims)
+        jobs = [j.checkpoint_size for j in settings.workloads if j.tenant == tenant.name]
+        assert sum(parse_quantity(size) for size in jobs) <= parse_quantity(hard["requests.storage"])
+
+
+def _scoped_to(quota: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether a quota's PriorityClass scope selects the pod (Kubernetes docs, "Resource Quotas": quota scopes)."""
+    (expression,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (expression["scopeName"], expression["operator"]) == ("PriorityClass", "In")
+    return pod["spec"].get("priorityClassName", "") in expression["values"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_tenant_pod_may_run_at_a_platform_priority(stack: str) -> None:
+    settings = settings_of(read_stack(stack))
+    scoped = {q["metadata"]["namespace"]: q for q in _objects(stack, "ResourceQuota")
+              if "scopeSelector" in q["spec"]}
+    assert sorted(scoped) == sorted(t.namespace_name for t in settings.tenants)
+    classes = {c["metadata"]["name"] for c in _objects(stack, "PriorityClass")}
+    training = {c for c in classes if c.endswith("-training")}
+    for quota in scoped.values():
+        assert quota["spec"]["hard"] == {"pods": "0"}
+        for name in (classes - training) | {"system-cluster-critical", "system-node-critical"}:
+            assert _scoped_to(quota, {"spec": {"priorityClassName": name}}), name
+        for name in training:
+            assert not _scoped_to(quota, {"spec": {"priorityClassName": name}}), name
+        assert not _scoped_to(quota, {"spec": {}})
+    # The stack's own training pods keep running there.
+    for job in (j for j in _jobs(stack) if j["metadata"]["namespace"] in scoped):
+        for task in job["spec"]["tasks"]:
+            assert not _scoped_to(scoped[job["metadata"]["namespace"]], task["template"]), job["metadata"]["name"]
 
 
 def _requests(pod: dict[str, Any]) -> dict[str, float]:
@@ -162,3 +205,49 @@ def test_fabric_checks_run_in_their_own_namespace_and_queue(stack: str) -> None:
     assert queue["reclaimable"] is False
     others = [j for j in _jobs(stack) if j not in checks]
     assert all(j["spec"]["queue"] != FABRIC_CHECK_QUEUE for j in others)
+
+
+def _monitor(**spec: Any) -> dict[str, Any]:
+    endpoint = spec.pop("endpoint", {})
+    return {"spec": {"selector": {}, "sampleLimit": SAMPLE_LIMIT, "podMetricsEndpoints": [{"port": "m", **endpoint}],
+                     **spec}}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_tenants_pod_monitor_scrapes_its_namespace_keeps_its_label_and_bounds_its_samples(stack: str) -> None:
+    policy = Policy(_named(stack, "ValidatingAdmissionPolicy", POD_MONITOR_POLICY)["spec"])
+    binding = _named(stack, "ValidatingAdmissionPolicyBinding", POD_MONITOR_POLICY)["spec"]
+    assert binding["validationActions"] == ["Deny"]
+    assert binding["matchResources"]["namespaceSelector"] == {
+        "matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}
+    assert {(g, r) for rule in policy.rules for g in rule["apiGroups"] for r in rule["resources"]} == {
+        ("monitoring.coreos.com", "podmonitors")}
+    namespaces = _namespaces(stack)
+    tenants = [namespaces[t.namespace_name] for t in settings_of(read_stack(stack)).tenants]
+    # Every namespace the binding selects is a tenant's, and the platform's own are not selected.
+    assert all(TENANT_LABEL in n["metadata"]["labels"] for n in tenants)
+    assert not [n for n in namespaces.values() if TENANT_LABEL in n["metadata"].get("labels", {})
+                and n["metadata"]["name"] not in {t["metadata"]["name"] for t in tenants} | {FABRIC_CHECK_NAMESPACE}]
+    # What the stack's own jobs render is admitted where it is created.
+    for monitor in _objects(stack, "PodMonitor"):
+        assert policy.admits(monitor, namespaces[monitor["metadata"]["namespace"]]), monitor["metadata"]["name"]
+    for namespace in tenants:
+        own = namespace["metadata"]["name"]
+        assert policy.admits(_monitor(), namespace)
+        assert policy.admits(_monitor(namespaceSelector={"matchNames": [own]}), namespace)
+        refused = {
+            "every namespace": _monitor(namespaceSelector={"any": True}),
+            "another namespace": _monitor(namespaceSelector={"matchNames": [own, "monitoring"]}),
+            "scraped labels win": _monitor(endpoint={"honorLabels": True}),
+            "namespace rewritten": _monitor(endpoint={"relabelings": [
+                {"targetLabel": "namespace", "replacement": "monitoring"}]}),
+            "namespace from a regex group": _monitor(endpoint={"metricRelabelings": [
+                {"sourceLabels": ["x"], "regex": "(.*)", "targetLabel": "$1", "replacement": "monitoring"}]}),
+            "label names from data": _monitor(endpoint={"metricRelabelings": [
+                {"action": "labelmap", "regex": "x_(.*)"}]}),
+            "pod label as namespace": _monitor(podTargetLabels=["namespace"]),
+            "no sample limit": {"spec": {"selector": {}, "podMetricsEndpoints": [{"port": "m"}]}},
+            "too many samples": _monitor(sampleLimit=SAMPLE_LIMIT + 1),
+        }
+        for what, monitor in refused.items():
+            assert not policy.admits(monitor, namespace), f"{own}: {what}"

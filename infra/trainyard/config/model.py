@@ -495,6 +495,11 @@ class TenantResources(Model):
 
 class TenantQuota(TenantResources):
     pods: Positive = 200
+    # What the namespace's claims may request in all (`requests.storage`) and how many it may hold
+    # (`persistentvolumeclaims`): the stack's own jobs' checkpoint claims must fit (config/rules.py), and what members
+    # submit shares the rest.
+    storage: Size = "10Ti"
+    claims: Positive = 20
 
 
 def _kubernetes_group(value: str) -> str:

@@ -16,7 +16,7 @@ from trainyard.config import exposure, name_rules
 from trainyard.config.instance_types import CPU_ONLY_MEMORY_BYTES, INSTANCE_TYPES, InstanceType, pod_share
 from trainyard.config.instance_types import smallest as smallest_type
 from trainyard.config.mig import MigCatalog
-from trainyard.config.model import Job, NodePool, RunnerSettings, Settings, TenantResources
+from trainyard.config.model import Job, NodePool, RunnerSettings, Settings, TenantQuota, TenantResources
 from trainyard.config.quantity import parse_quantity
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, fabric_check_job
 
@@ -599,7 +599,22 @@ def _tenants(s: Settings, taken: frozenset[str]) -> Iterator[Problem]:
                                                  f"platform: {_allowed(taken)}")
         if t.quota is not None:
             yield from _quota_below_capability(f"tenants[{i}].quota", t.quota, t.capability)
+    yield from _claims_within_quota(s)
     yield from _tenant_access(s)
+
+
+def _claims_within_quota(s: Settings) -> Iterator[Problem]:
+    """The stack's jobs' checkpoint claims must fit their namespace's storage quota, or the API server refuses them
+    (Kubernetes docs, "Resource Quotas": requests.storage, persistentvolumeclaims)."""
+    for i, t in enumerate(s.tenants):
+        sizes = [job.checkpoint_size for job in s.workloads if job.tenant == t.name]
+        quota = t.quota or TenantQuota()
+        if sum(parse_quantity(size) for size in sizes) > parse_quantity(quota.storage):
+            yield Problem(f"tenants[{i}].quota.storage", f"{quota.storage} cannot hold the checkpoint claims of "
+                                                         f"its jobs in this stack ({' + '.join(sizes)})")
+        if len(sizes) > quota.claims:
+            yield Problem(f"tenants[{i}].quota.claims", f"{quota.claims} is fewer than its jobs' checkpoint claims "
+                                                        f"in this stack ({len(sizes)})")
 
 
 def _tenant_access(s: Settings) -> Iterator[Problem]:

@@ -22,7 +22,7 @@ from trainyard.config.instance_types import FABRIC_CHECK_NODES, fabric_check_pod
 from trainyard.config.mig import load_mig_catalog, mig_resource_name
 from trainyard.config.model import Tenant, TenantQuota, TenantResources
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, QUEUE_LABEL, TRAINER_SERVICE_ACCOUNT
-from trainyard.platform import network_policy
+from trainyard.platform import monitor_policy, network_policy
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
 from trainyard.platform.objects import custom_resource
@@ -130,7 +130,25 @@ def quota_spec(tenant: Tenant, mig_slices: Mapping[str, int] | None = None) -> d
     # Extended resources are quota'd by requests only (Kubernetes docs, "Resource Quotas": extended resources).
     hard = {f"requests.{key}": value for key, value in resource_list(quota, mig_slices).items()}
     hard["pods"] = str(quota.pods)
+    # Claims on every storage class together (Kubernetes docs, "Resource Quotas": storage resource quota): members
+    # create checkpoint claims, which would otherwise fill the Ceph cluster every tenant shares or bill EBS unbounded.
+    hard["requests.storage"] = quota.storage
+    hard["persistentvolumeclaims"] = str(quota.claims)
     return {"hard": hard}
+
+
+PRIORITY_QUOTA = "platform-priority"
+# What the platform's own pods may preempt with, and Kubernetes' built-in classes (system-cluster-critical,
+# system-node-critical: Kubernetes docs, "Pod Priority and Preemption").
+PLATFORM_PRIORITY_CLASSES = ("system-cluster-critical", "system-node-critical", SYSTEM_PRIORITY_CLASS)
+
+
+def priority_quota_spec() -> dict[str, Any]:
+    """No pod of a tenant namespace may run at a platform priority: a quota of zero pods scoped to those classes
+    (Kubernetes docs, "Resource Quotas": "Quota scopes", scopeSelector operator In on PriorityClass). It binds
+    every creator of pods there (Volcano, Argo), whatever template a member wrote."""
+    return {"hard": {"pods": "0"}, "scopeSelector": {"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": list(PLATFORM_PRIORITY_CLASSES)}]}}
 
 
 QUEUE_POLICY = "trainyard-queue-of-namespace"
@@ -187,6 +205,7 @@ class Tenants(pulumi.ComponentResource):
                               if args.fabric_checks is not None else None)
         if args.volcano is not None:
             self._queue_policy(name, args)
+        self._pod_monitor_policy(name, args)
         self.register_outputs({"tenants": sorted(self.facts)})
 
     def _queue_policy(self, name: str, args: TenantsArgs) -> None:
@@ -199,6 +218,17 @@ class Tenants(pulumi.ComponentResource):
         k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
             f"{name}-queue-policy-binding", metadata={"name": QUEUE_POLICY, "labels": labels(QUEUE_POLICY, "tenancy")},
             spec=binding, opts=k8s_options(args.cluster, self, [policy]))
+
+    def _pod_monitor_policy(self, name: str, args: TenantsArgs) -> None:
+        meta: Any = {"name": monitor_policy.POD_MONITOR_POLICY,
+                     "labels": labels(monitor_policy.POD_MONITOR_POLICY, "tenancy")}
+        spec: Any = monitor_policy.pod_monitor_policy()
+        policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-pod-monitor-policy", metadata=meta, spec=spec, opts=k8s_options(args.cluster, self))
+        binding: Any = monitor_policy.binding_spec(TENANT_LABEL)
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-pod-monitor-policy-binding", metadata=meta, spec=binding,
+            opts=k8s_options(args.cluster, self, [policy]))
 
     def _tenant(self, name: str, tenant: Tenant, args: TenantsArgs, *, checks: bool = False) -> TenantFacts:
         """A namespace and its queue; the fabric checks' (`checks`) is not reclaimable and takes no MIG slices."""
@@ -222,6 +252,12 @@ class Tenants(pulumi.ComponentResource):
             f"{prefix}-quota",
             metadata=k8s.meta.v1.ObjectMetaArgs(name="tenant-quota", namespace=ns_name, labels=tenant_labels),
             spec=k8s.core.v1.ResourceQuotaSpecArgs(hard=quota["hard"]), opts=in_namespace)
+        if not checks:
+            priority: Any = priority_quota_spec()
+            k8s.core.v1.ResourceQuota(
+                f"{prefix}-priority-quota",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=PRIORITY_QUOTA, namespace=ns_name, labels=tenant_labels),
+                spec=priority, opts=in_namespace)
         k8s.core.v1.LimitRange(
             f"{prefix}-limits",
             metadata=k8s.meta.v1.ObjectMetaArgs(name="container-defaults", namespace=ns_name, labels=tenant_labels),

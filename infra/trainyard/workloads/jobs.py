@@ -12,6 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainyard.platform.kube import k8s_options
+from trainyard.platform.monitor_policy import SAMPLE_LIMIT
 from trainyard.workloads import launch, sizing, volcano
 from trainyard.workloads.args import TrainingJobArgs
 from trainyard.workloads.pod import PodShape, checkpoint_claim_name, config_map_name, job_labels, pod_template
@@ -65,6 +66,8 @@ class _TrainingJob(pulumi.ComponentResource):
                           "labels": job_labels(args)},
                 spec={
                     "selector": {"matchLabels": {"trainyard.io/job": args.job.name}},
+                    # The most a tenant's monitor may take (platform/monitor_policy.py admits no more).
+                    "sampleLimit": SAMPLE_LIMIT,
                     "podMetricsEndpoints": [{
                         "port": "metrics", "interval": SCRAPE_INTERVAL,
                         # A relabeling without source labels sets the label on every target (Prometheus

@@ -1,0 +1,86 @@
+"""What a tenant's PodMonitor may ask of the shared Prometheus: a ValidatingAdmissionPolicy bound to tenant namespaces.
+
+Prometheus selects PodMonitors from every namespace, and kube-prometheus-stack leaves the operator's own guards off
+(chart 88.5.3 values.yaml prometheusSpec: ignoreNamespaceSelectors false, enforcedNamespaceLabel "",
+enforcedSampleLimit false). Turning them on would reach the platform's monitors too: ignoreNamespaceSelectors breaks
+the chart's own ServiceMonitors of other namespaces (the API server's, the kubelet's), and enforcedNamespaceLabel
+rewrites the `namespace` label of every series and rule, the DCGM exporter's per-pod attribution included. So the
+bounds are set where members write: a tenant's PodMonitor scrapes its own namespace only, cannot rewrite or
+import the `namespace` label its series carry (the operator sets it from the target's namespace before a monitor's
+relabelings run, and a scraped label would win with honorLabels), and accepts at most SAMPLE_LIMIT samples a scrape.
+Its targets are its namespace's pods, which the tenant's quota bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+POD_MONITOR_POLICY = "trainyard-tenant-pod-monitors"
+# Samples one scrape of a tenant target may return (PodMonitor spec.sampleLimit; a scrape over it fails whole:
+# Prometheus scrape_config sample_limit). The trainer exports about ten series (workloads/trainyard_train/metrics.py).
+SAMPLE_LIMIT = 5000
+_LABEL = "namespace"
+# Relabel actions that write label names taken from the data (Prometheus relabel_config: labelmap).
+_NAMING_ACTIONS = ("labelmap", "LabelMap")
+
+
+def _rule_keeps_namespace(rule: str) -> str:
+    # A target label may also name a regex group (`${1}`), which can spell any label.
+    target = f"(has({rule}.targetLabel) && ({rule}.targetLabel == '{_LABEL}' || {rule}.targetLabel.contains('$')))"
+    naming = f"(has({rule}.action) && {rule}.action in [{', '.join(repr(a) for a in _NAMING_ACTIONS)}])"
+    return f"!{target} && !{naming}"
+
+
+def _rules_keep_namespace(endpoint: str, field: str) -> str:
+    return f"(!has({endpoint}.{field}) || {endpoint}.{field}.all(r, {_rule_keeps_namespace('r')}))"
+
+
+def pod_monitor_policy() -> dict[str, Any]:
+    """The policy's spec (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, GA in Kubernetes 1.30)."""
+    spec = "object.spec"
+    selector = f"{spec}.namespaceSelector"
+    endpoints = f"{spec}.podMetricsEndpoints"
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [
+            {"apiGroups": ["monitoring.coreos.com"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+             "resources": ["podmonitors"]},
+        ]},
+        "validations": [
+            {
+                # Empty matchNames with any false is the monitor's own namespace (PodMonitor spec.namespaceSelector).
+                "expression": f"!has({selector}) || ((!has({selector}.any) || !{selector}.any) && "
+                              f"(!has({selector}.matchNames) || "
+                              f"{selector}.matchNames.all(n, n == namespaceObject.metadata.name)))",
+                "message": "a tenant's PodMonitor scrapes its own namespace only: spec.namespaceSelector may name no "
+                           "other namespace and not set any",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!has({endpoints}) || {endpoints}.all(e, !(has(e.honorLabels) && e.honorLabels) && "
+                              f"{_rules_keep_namespace('e', 'relabelings')} && "
+                              f"{_rules_keep_namespace('e', 'metricRelabelings')})",
+                "message": f"a tenant's PodMonitor keeps the {_LABEL} label its targets get: no honorLabels, no "
+                           f"relabeling with targetLabel {_LABEL} (or a $ reference) and no labelmap",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!has({spec}.podTargetLabels) || !('{_LABEL}' in {spec}.podTargetLabels)",
+                "message": f"a tenant's PodMonitor may not copy a pod label named {_LABEL} onto its series",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"has({spec}.sampleLimit) && {spec}.sampleLimit > 0 && "
+                              f"{spec}.sampleLimit <= {SAMPLE_LIMIT}",
+                "message": f"a tenant's PodMonitor sets spec.sampleLimit, at most {SAMPLE_LIMIT}",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
+def binding_spec(tenant_label: str) -> dict[str, Any]:
+    """Bound to the namespaces that carry the tenant label: the platform's own monitors are not a tenant's."""
+    return {"policyName": POD_MONITOR_POLICY, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchExpressions": [
+                {"key": tenant_label, "operator": "Exists"}]}}}
