@@ -1,11 +1,11 @@
 """What a tenant's members may do: a Role in the tenant's namespace, bound to the group the stack names for it.
 
-The Role covers what a training job is made of (the Volcano Job, its PodGroup, the trainer ConfigMap, the checkpoint
-claim and the PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up`
-creates, plus reading pods, their logs and events, and a job's Argo WorkflowTemplate and the Workflows run from
-it. Nothing else: no Secrets, no pods of their own (Volcano's and Argo's controllers create them), no exec, and no
-object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission policy
-(tenants.queue_policy) keeps their jobs in their own queue. On AWS the members reach the API server through EKS
+The Role covers what a training job is made of (the Volcano Job, the trainer ConfigMap, the checkpoint claim and the
+PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up` creates, plus
+reading pods, their logs and events and the PodGroup Volcano makes, and a job's Argo WorkflowTemplate and the
+Workflows run from it. Nothing else: no Secrets, no pods of their own (Volcano's and Argo's controllers create
+them), no exec, and no object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission
+policy (tenants.queue_policy) keeps their jobs in their own queue. On AWS the members reach the API server through EKS
 access entries that put their IAM principals in the group (cloud/access.py).
 """
 
@@ -16,8 +16,9 @@ from typing import Any
 TENANT_ROLE = "tenant-user"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 # Server-side apply needs `patch`, and `create` for an object that does not exist yet (Kubernetes docs, "Server-Side
-# Apply": permissions); `kubectl delete` and the submit CLI's cancel need `delete`.
-_MANAGE = ["create", "get", "list", "watch", "patch", "update", "delete"]
+# Apply": permissions); cancelling a job and removing what one submitted (a claim counts against the quota) need
+# `delete`. No `update`: nothing a member runs replaces an object whole (tests/workloads_infra/test_submit_access.py).
+_MANAGE = ["create", "get", "list", "watch", "patch", "delete"]
 _READ = ["get", "list", "watch"]
 
 
@@ -26,7 +27,7 @@ def tenant_rules() -> list[dict[str, Any]]:
     return [
         # A training job: the Volcano Job (workloads/volcano.py) and the PodGroup Volcano makes for it.
         {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": _MANAGE},
-        {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": _MANAGE},
+        {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": _READ},
         # Its trainer config and checkpoint claim (workloads/jobs.py), and its metrics (PodMonitor).
         {"apiGroups": [""], "resources": ["configmaps", "persistentvolumeclaims"], "verbs": _MANAGE},
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": _MANAGE},
@@ -36,8 +37,9 @@ def tenant_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
         # Pipelines: a job's WorkflowTemplate (`trainyard submit --pipeline` applies one per job) and the Workflows
         # that reference it, the only ones the controller runs (platform/argo-workflows/values.yaml
-        # workflowRestrictions). A template's pods run as an account of the namespace, under its pod security level,
-        # as a Volcano Job's do: nothing a member could not already start.
+        # workflowRestrictions); `argo stop` and `terminate` patch a Workflow (workflow/util/util.go
+        # patchShutdownStrategy @ v4.0.10). A template's pods run as an account of the namespace, under its pod
+        # security level and the namespace's quotas, as a Volcano Job's do: nothing a member could not already start.
         {"apiGroups": ["argoproj.io"], "resources": ["workflows", "workflowtemplates"], "verbs": _MANAGE},
     ]
 
