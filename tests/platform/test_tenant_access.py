@@ -20,9 +20,18 @@ from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.names import FABRIC_CHECK_NAMESPACE, tenant_group
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import PROJECT, STACKS_DIR, StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import (
+    PROJECT,
+    STACKS_DIR,
+    StackFile,
+    available_stacks,
+    plan_stack,
+    read_stack,
+    render,
+    settings_of,
+)
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
-from trainyard.platform.tenant_access import TENANT_ROLE
+from trainyard.platform.tenant_access import TENANT_ROLE, UI_ROLE
 
 # The tests' own stacks and every sample stack: (name, stacks folder).
 Stack = tuple[str, Path]
@@ -90,7 +99,40 @@ def test_every_tenant_namespace_binds_its_group_to_its_role(stack: Stack) -> Non
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for binding in _manifests(recording, kind):
             named = {s["name"] for s in binding.get("subjects", []) if s["kind"] == "Group"} & groups
-            assert not named or (kind == "RoleBinding" and binding["metadata"]["name"] == TENANT_ROLE), binding
+            allowed = kind == "RoleBinding" and binding["metadata"]["name"] in {TENANT_ROLE, UI_ROLE}
+            assert not named or allowed, binding
+
+
+# The UIs members reach with `kubectl port-forward svc/<service>` (README, "Reaching the UIs"): namespace -> service.
+UIS = {"mlflow": ("mlflow", "mlflow"), "argoWorkflows": ("argo", "argo-workflows-server")}
+# What that command asks of the API server: the Service, a pod behind it (listed, or watched until one is there),
+# and the forward itself, a `create` on the pods/portforward subresource.
+PORT_FORWARD = {("", "services"): {"get"}, ("", "pods"): {"get", "list", "watch"}, ("", "pods/portforward"): {"create"}}
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_members_may_port_forward_to_the_platforms_uis_and_nothing_else_there(stack: Stack) -> None:
+    settings, recording = settings_of(read_stack(*stack)), _recording(stack)
+    addons = settings.addons
+    enabled = {"mlflow": addons.mlflow.enabled, "argoWorkflows": addons.argo_workflows.enabled}
+    roles = {r["metadata"]["namespace"]: r for r in _manifests(recording, "Role") if r["metadata"]["name"] == UI_ROLE}
+    bindings = {b["metadata"]["namespace"]: b for b in _manifests(recording, "RoleBinding")
+                if b["metadata"]["name"] == UI_ROLE}
+    expected = {UIS[a][0] for a, on in enabled.items() if on}
+    assert sorted(roles) == sorted(bindings) == sorted(expected)
+    services = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in _manifests(recording, "Service")}
+    rendered = {(o["metadata"].get("namespace"), o["metadata"]["name"])
+                for _, o in plan_stack(read_stack(*stack)).rendered.objects() if o["kind"] == "Service"}
+    for addon, on in enabled.items():
+        if on:
+            assert UIS[addon] in services | rendered, UIS[addon]
+    groups = sorted(t.group for t in settings.tenants)
+    for namespace, role in roles.items():
+        granted = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+                   for r in rule["resources"]}
+        assert granted == PORT_FORWARD, namespace
+        assert bindings[namespace]["roleRef"]["name"] == UI_ROLE
+        assert sorted(s["name"] for s in bindings[namespace]["subjects"]) == groups
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])

@@ -28,7 +28,7 @@ from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
-from trainyard.platform.tenant_access import RBAC_GROUP
+from trainyard.platform.tenant_access import RBAC_GROUP, ui_access
 
 EXECUTOR_ROLE = "workflow-executor"
 API_SERVER_POLICY = "allow-workflow-api"
@@ -112,6 +112,9 @@ class ArgoWorkflows(pulumi.ComponentResource):
                                     depends_on=args.depends_on)
         for tenant in sorted(args.tenants.values(), key=lambda t: t.name):
             self._tenant(name, tenant, args)
+        # Members reach the UI through `kubectl port-forward` and sign in with their own token (client auth).
+        ui_access(name, names.WORKFLOWS_NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None),
+                  k8s_options(cluster, self, [self.release]))
         self.register_outputs({"release": self.release.id})
 
     def _tenant(self, name: str, tenant: TenantFacts, args: ArgoWorkflowsArgs) -> None:

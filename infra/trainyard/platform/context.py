@@ -16,6 +16,8 @@ class TenantFacts:
     queue: str
     # Resources a job in this namespace must wait for: namespace, queue, network policy, service account.
     ready: tuple[pulumi.Resource, ...] = ()
+    # The Kubernetes group of the tenant's members (None: the fabric checks', which has none).
+    group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from trainyard.platform.kube import k8s_options, labels
 from trainyard.platform.monitoring import service_monitor
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
+from trainyard.platform.tenant_access import ui_access
 
 IMAGE: str = yaml.safe_load((PLATFORM_DIR / "mlflow" / "images.yaml").read_text(encoding="utf-8"))["server"]
 POSTGRES_IMAGE: str = yaml.safe_load(
@@ -283,6 +284,9 @@ class Mlflow(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE, "labels": ns_labels},
                                           opts=k8s_options(cluster, self, args.depends_on))
         in_ns = k8s_options(cluster, self, [namespace])
+        # Members browse the UI through `kubectl port-forward svc/mlflow` (README, "Reaching the UIs"); on `local` that
+        # reaches the database pods here too, which still want the password only the server's Secret holds.
+        ui_access(name, NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None), in_ns)
         stateful = pulumi.ResourceOptions(protect=args.protect, retain_on_delete=args.protect)
         uri_secret, database = self._database(name, args, namespace, in_ns, stateful)
 

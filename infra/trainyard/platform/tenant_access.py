@@ -11,9 +11,14 @@ access entries that put their IAM principals in the group (cloud/access.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+import pulumi
+import pulumi_kubernetes as k8s
+
 TENANT_ROLE = "tenant-user"
+UI_ROLE = "tenant-ui"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 # Server-side apply needs `patch`, and `create` for an object that does not exist yet (Kubernetes docs, "Server-Side
 # Apply": permissions); cancelling a job and removing what one submitted (a claim counts against the quota) need
@@ -46,3 +51,29 @@ def tenant_rules() -> list[dict[str, Any]]:
 
 def role_binding_subjects(group: str) -> list[dict[str, str]]:
     return [{"kind": "Group", "name": group, "apiGroup": RBAC_GROUP}]
+
+
+def ui_rules() -> list[dict[str, Any]]:
+    """What `kubectl port-forward svc/<ui>` does with a member's credentials: read the Service, find a pod behind it
+    (list, or watch until one is there), and open the forward (a `create` on pods/portforward: Kubernetes docs,
+    "Authorization": the verbs of a subresource). The forward enters the pod's own network namespace, so it takes no
+    network policy's leave; RBAC cannot narrow it to one pod (their names are generated), so it reaches every pod of
+    the namespace it is granted in."""
+    return [
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
+    ]
+
+
+def ui_access(name: str, namespace: str, groups: Iterable[str], opts: pulumi.ResourceOptions) -> None:
+    """Every tenant's members may port-forward to the web UI of a platform namespace (README, "Reaching the UIs")."""
+    subjects: Any = [s for group in sorted(set(groups)) for s in role_binding_subjects(group)]
+    if not subjects:
+        return
+    meta: Any = {"name": UI_ROLE, "namespace": namespace}
+    rules: Any = ui_rules()
+    role = k8s.rbac.v1.Role(f"{name}-ui-role", metadata=meta, rules=rules, opts=opts)
+    role_ref: Any = {"apiGroup": RBAC_GROUP, "kind": "Role", "name": UI_ROLE}
+    k8s.rbac.v1.RoleBinding(f"{name}-ui-role-binding", metadata=meta, role_ref=role_ref, subjects=subjects,
+                            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[role])))

@@ -278,7 +278,8 @@ class Tenants(pulumi.ComponentResource):
         ready.append(self._policy(prefix, ns_name, tenant_labels, namespace, args))
         if args.volcano is not None:
             ready.append(self._queue(prefix, tenant, args, mig_slices, reclaimable=not checks))
-        return TenantFacts(name=tenant.name, namespace=ns_name, queue=queue_name(tenant), ready=tuple(ready))
+        return TenantFacts(name=tenant.name, namespace=ns_name, queue=queue_name(tenant), ready=tuple(ready),
+                           group=None if checks else tenant.group)
 
     def _access(self, prefix: str, tenant: Tenant, ns_name: str, tenant_labels: dict[str, str],
                 opts: pulumi.ResourceOptions) -> None:
