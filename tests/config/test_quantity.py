@@ -58,10 +58,10 @@ def test_the_stack_model_accepts_what_the_layers_read(text: str) -> None:
 
 
 def test_a_negative_amount_is_refused_by_key() -> None:
-    raw = _prod()
+    raw = _fleet()
     raw.setdefault("addons", {}).setdefault("alluxio", {})["memoryCache"] = "-1Gi"
     with pytest.raises(ConfigError, match=r"trainyard:addons\.alluxio\.memoryCache: .*'-1Gi' is negative"):
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
 
 
 def test_a_quantity_with_a_trailing_newline_is_refused_by_key() -> None:

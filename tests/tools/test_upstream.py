@@ -583,7 +583,7 @@ CHART_YAML = b"apiVersion: v2\nname: demo\nversion: 1.0.0\n"
     (_tar((tarfile.TarInfo("demo/Chart.yaml"), CHART_YAML), (tarfile.TarInfo("demo/../x.yaml"), b"")),
      r"\.\."),
     (_tar((tarfile.TarInfo("demo/values.yaml"), b"")), r"demo/Chart.yaml declares None None, not demo 1.0.0"),
-])
+], ids=["not-a-tar", "outside-the-chart", "link", "dot-dot", "no-chart-yaml"])  # a gzip's bytes hold its mtime
 def test_add_refuses_a_package_that_is_not_a_chart(tool: ModuleType, tmp_path: Path, package: bytes,
                                                    message: str) -> None:
     lock = _write_lock(tmp_path, [])
