@@ -18,7 +18,7 @@ from trainyard.plan.writers import write_plan
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = available_stacks()
 RESOURCE_KEYS = {"urn", "type", "name", "parent", "provider", "depends_on", "protect", "retain_on_delete",
-                 "deleted_with", "replace_on_changes", "delete_before_replace", "inputs"}
+                 "deleted_with", "replace_on_changes", "delete_before_replace", "custom_timeouts", "inputs"}
 
 
 def _same_tree(a: Path, b: Path) -> list[str]:

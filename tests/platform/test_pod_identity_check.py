@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from owned_stacks import OWNED_STACKS
+from trainyard.plan.await_rules import duration_seconds
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import read_stack, render
@@ -108,6 +109,18 @@ def test_shellcheck_is_clean() -> None:
 
 def _fleet() -> Recording:
     return render(read_stack("fleet", OWNED_STACKS))
+
+
+def test_pulumi_waits_for_the_check_longer_than_the_check_runs() -> None:
+    # Review finding 9: pulumi-kubernetes awaits a Job 10 minutes by default (provider/pkg/await/job.go), and the
+    # old check could run 30 x (10 s connect timeout + 10 s) = 600 s: the engine gave up as the reason came.
+    job = next(r for r in _fleet().resources if r.name == "karpenter-pod-identity-check-job")
+    spec = job.inputs["spec"]
+    env = {e["name"]: int(e["value"]) for e in spec["template"]["spec"]["containers"][0]["env"]}
+    retries = env["ATTEMPTS"] * (env["DELAY_SECONDS"] + 10)  # the script's `timeout 10` per connect
+    assert "timeout 10 bash" in SCRIPT.read_text()
+    await_seconds = duration_seconds(job.custom_timeouts["create"])
+    assert await_seconds is not None and retries < spec["activeDeadlineSeconds"] < await_seconds
 
 
 def test_karpenter_starts_only_after_pod_identity_works_through_cilium() -> None:

@@ -365,6 +365,24 @@ def test_review_finding_1_efa_pools_on_interfaces_with_ips_are_named(stack: Stac
     assert all("card 1/device 1" in f.problem for f in found)
 
 
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws))
+def test_review_finding_9_a_job_the_engine_stops_awaiting_first_is_named(stack: Stack) -> None:
+    """The old Pod Identity check: no customTimeouts, and a deadline of 30 x (10 + 10) + 60 s, past the
+    provider's 10-minute Job await."""
+    is_check = of_type("batch/v1:Job")
+    jobs = [r for r in fresh(stack).resources if is_check(r) and r.custom_timeouts]
+    assert jobs, "no awaited Job with a create timeout"
+
+    def old_deadline(inputs: dict[str, Any]) -> None:
+        inputs["spec"]["activeDeadlineSeconds"] = 660
+
+    old = edit(fresh(stack), lambda r: r in jobs, old_deadline)
+    old = Recording(resources=[replace(r, custom_timeouts={}) if is_check(r) else r for r in old.resources])
+    found = named(rehearsed(old).findings, "job-ends-before-its-await", is_check, old)
+    assert {f.name for f in found} == {j.name for j in jobs}
+    assert all("the provider's default 10 min" in f.problem for f in found)
+
+
 # -------------------------------------------------------------------------------------------- issue 19
 
 

@@ -228,7 +228,8 @@ def _record(data: dict[str, Any]) -> ResourceRecord:
                           retain_on_delete=bool(data.get("retain_on_delete")), deleted_with=data.get("deleted_with"),
                           inputs=data.get("inputs", {}),
                           replace_on_changes=tuple(data.get("replace_on_changes", ())),
-                          delete_before_replace=bool(data.get("delete_before_replace")))
+                          delete_before_replace=bool(data.get("delete_before_replace")),
+                          custom_timeouts=dict(data.get("custom_timeouts", {})))
 
 
 def parse_renders(payload: str) -> dict[str, StackRender]:

@@ -27,6 +27,8 @@ class ResourceRecord:
     inputs: dict[str, Any]
     replace_on_changes: tuple[str, ...] = ()
     delete_before_replace: bool = False
+    # customTimeouts the program set (create/update/delete, Go durations); empty: the provider's defaults.
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +43,7 @@ class ResourceRecord:
             "deleted_with": self.deleted_with,
             "replace_on_changes": list(self.replace_on_changes),
             "delete_before_replace": self.delete_before_replace,
+            "custom_timeouts": self.custom_timeouts,
             "inputs": self.inputs,
         }
 
@@ -85,6 +88,8 @@ class RecordingMonitor(mocks.MockMonitor):
                 inputs=plain(request.object),
                 replace_on_changes=tuple(request.replaceOnChanges),
                 delete_before_replace=bool(request.deleteBeforeReplace),
+                custom_timeouts={k: v for k in ("create", "update", "delete")
+                                 if (v := str(getattr(request.customTimeouts, k)))},
             ))
         return response
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import efa_rules, job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
+from trainyard.plan import await_rules, efa_rules, job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.readiness import Moment
@@ -23,10 +23,11 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
 
 # Convergence of `pulumi up` (readiness, rendered_rules on what the charts render, job_rules on what each queue is
-# handed, kubelet_admission on what the nodes' kubelets admit, efa_rules on which interfaces Cilium gives pods) and
-# the bounds on what it leaves running (lifecycle).
+# handed, kubelet_admission on what the nodes' kubelets admit, efa_rules on which interfaces Cilium gives pods,
+# await_rules on whether a Job ends before the engine stops waiting) and the bounds on what it leaves running
+# (lifecycle).
 RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES, *kubelet_admission.RULES,
-         *efa_rules.RULES)
+         *efa_rules.RULES, *await_rules.RULES)
 
 
 @dataclass(frozen=True, slots=True)

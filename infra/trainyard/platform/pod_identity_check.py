@@ -32,8 +32,13 @@ CHECKOV_SKIPS = {
     "checkov.io/skip1": "CKV_K8S_43=tags taken from upstream release data; no digest could be verified offline",
     "checkov.io/skip2": "CKV_K8S_38=its pod is set up as the Karpenter controller's, whose credential path it tests",
 }
-# The agent may still be starting on a fresh node: the script retries for up to attempts x delay.
-ATTEMPTS, DELAY_SECONDS = 30, 10
+# The agent may still be starting on a fresh node: the script retries for up to attempts x (10 s connect timeout
+# + delay), inside the Job's deadline, which the engine's await outlasts (pulumi-kubernetes awaits a Job 10 minutes
+# by default: provider/pkg/await/job.go DefaultJobTimeoutMins @v4.32.0), so `pulumi up` sees the Job fail with its
+# reason rather than time out first (review finding 9).
+ATTEMPTS, DELAY_SECONDS = 20, 10
+DEADLINE_SECONDS = ATTEMPTS * (DELAY_SECONDS + 10) + 60
+AWAIT_SECONDS = DEADLINE_SECONDS + 120
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ def job_spec(args: PodIdentityCheckArgs) -> dict[str, Any]:
     selector = labels(ACCOUNT.name, "bring-up-check")
     return {
         "backoffLimit": 0,  # the script retries itself; a failure is final and reported
-        "activeDeadlineSeconds": ATTEMPTS * (DELAY_SECONDS + 10) + 60,
+        "activeDeadlineSeconds": DEADLINE_SECONDS,
         "template": {
             "metadata": {"labels": selector, "annotations": {"trainyard.io/cilium-version": args.cilium_version}},
             "spec": {
@@ -93,6 +98,8 @@ class PodIdentityCheck(pulumi.ComponentResource):
         script = k8s.core.v1.ConfigMap(f"{name}-script", metadata=meta, data={SCRIPT_KEY: args.script}, opts=options)
         spec: Any = job_spec(args)
         job_meta: Any = {**meta, "annotations": CHECKOV_SKIPS}
+        awaited = pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=f"{AWAIT_SECONDS}s"))
         self.job = k8s.batch.v1.Job(f"{name}-job", metadata=job_meta, spec=spec,
-                                    opts=k8s_options(cluster, self, [account, script]))
+                                    opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, [account, script]),
+                                                                      awaited))
         self.register_outputs({"job": self.job.metadata["name"]})
