@@ -135,3 +135,6 @@ def test_runners_that_reach_the_endpoint_are_accepted() -> None:
     raw["deploy"]["runner"] = {"labels": ["ubuntu-24.04"]}
     raw["network"].update(publicAccessCidrs=["0.0.0.0/0"], allowAnyPublicAccess=True)
     parse_settings(PROJECT, "dev", raw)
+    # However the list spells "everyone" (review finding 8: the union, as every exposure rule judges it).
+    raw["network"]["publicAccessCidrs"] = ["0.0.0.0/1", "128.0.0.0/1"]
+    parse_settings(PROJECT, "dev", raw)

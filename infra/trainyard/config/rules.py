@@ -231,7 +231,6 @@ def _deploy(s: Settings) -> Iterator[Problem]:
 # docs.github.com "Using self-hosted runners in a workflow") can sit in, or be routed to, the VPC.
 _STANDARD_HOSTED = re.compile(r"(ubuntu|windows|macos)-(latest|slim|[0-9]+(\.[0-9]+)?)(-(arm|intel))?")
 RunnerKind = Literal["self-hosted", "standard", "larger"]
-ANY_ADDRESS = ipaddress.IPv4Network("0.0.0.0/0")
 
 
 def runner_kind(runner: RunnerSettings) -> RunnerKind:
@@ -252,8 +251,10 @@ def runner_problem(s: Settings, runner: RunnerSettings) -> str | None:
         where = "GitHub's standard hosted runners" if kind == "standard" else "a GitHub-hosted (larger) runner"
         return (f"[{labels}] is {where}, outside the VPC: deploy.apiAccess 'private' has no public endpoint, so "
                 "only a self-hosted runner (labels include 'self-hosted') in or routed to the VPC reaches it")
-    opened = [ipaddress.IPv4Network(c) for c in s.network.public_access_cidrs]
-    if d.api_access == "public" and kind == "standard" and ANY_ADDRESS not in opened:
+    # Their egress may be any internet address: only a list whose union admits all of them reaches (review
+    # finding 8: 0.0.0.0/1 + 128.0.0.0/1 does, as config/exposure.py judges every public-exposure rule).
+    everyone = exposure.internet_addresses(s.network.public_access_cidrs) == exposure.INTERNET_ADDRESSES
+    if d.api_access == "public" and kind == "standard" and not everyone:
         return (f"[{labels}] are GitHub's standard hosted runners, which have no fixed egress address, so they "
                 f"cannot reach an endpoint open only to network.publicAccessCidrs "
                 f"({', '.join(s.network.public_access_cidrs)}): use a larger runner with static IP addresses or a "
