@@ -97,7 +97,7 @@ def _distributions() -> dict[str, set[str]]:
 
 
 def _names(requirements: list[str]) -> set[str]:
-    return {_normal(m.group(1)) for line in requirements if (m := _NAME.match(line.split("#")[0].strip()))}
+    return {_normal(m.group(1)) for line in requirements if (m := _NAME.search(line.split("#")[0].strip()))}
 
 
 def test_the_scan_sees_the_plans_schema_libraries() -> None:

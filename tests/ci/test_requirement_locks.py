@@ -25,7 +25,7 @@ def _pins(requirements: Path) -> dict[str, str]:
         line = line.split(" #")[0].strip()
         if line.startswith("-r "):
             pins |= _pins(requirements.parent / line[3:].strip())
-        elif match := _PIN.match(line):
+        elif match := _PIN.search(line):
             pins[_normal(match.group(1))] = match.group(2)
     return pins
 

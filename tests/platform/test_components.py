@@ -220,14 +220,16 @@ def test_default_tenant_patches_volcanos_default_queue(stack: Stack) -> None:
 def test_quotas_and_trainer_accounts_per_tenant(stack: Stack) -> None:
     quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")
               if q["metadata"]["name"] == "tenant-quota"}
-    mig = _mig_per_gpu(stack)
+    mig, rook = _mig_per_gpu(stack), _releases(stack).get("rook-ceph-cluster")
     for tenant in _tenants(stack):
         # A tenant without a quota gets its capability as one (issue 19 finding 12: prod's eval had none).
         limit = tenant.get("quota") or tenant["capability"]
         expected = {f"requests.{k}": v for k, v in _limits(limit, mig).items()}
         expected["pods"] = str(limit.get("pods", 200))
-        expected |= {"requests.storage": limit.get("storage", "10Ti"),
-                     "persistentvolumeclaims": str(limit.get("claims", 20))}
+        if rook is not None:  # claims on the checkpoint class only: Fluid's dataset claim is nominally 100Pi
+            per_class = f"{rook['values']['cephFileSystems'][0]['storageClass']['name']}.storageclass.storage.k8s.io"
+            expected |= {f"{per_class}/requests.storage": limit.get("storage", "10Ti"),
+                         f"{per_class}/persistentvolumeclaims": str(limit.get("claims", 20))}
         assert quotas[tenant.get("namespace", tenant["name"])] == expected, tenant["name"]
     accounts = [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in _objects(stack, "ServiceAccount")]
     assert {(t.get("namespace", t["name"]), "trainer") for t in _tenants(stack)} <= set(accounts)

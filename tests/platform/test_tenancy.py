@@ -120,6 +120,9 @@ def test_every_tenant_namespace_has_a_quota_with_mig_slices(stack: str) -> None:
     quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in _objects(stack, "ResourceQuota")
               if q["metadata"]["name"] == "tenant-quota"}
     mig_pools = [p for p in settings.pools("gpu") if p.mig_layout]
+    # The classes the stack's checkpoint claims name (a stack without Rook names none).
+    classes = {c["spec"]["storageClassName"] for c in _objects(stack, "PersistentVolumeClaim")
+               if c["spec"].get("storageClassName")}
     for tenant in settings.tenants:
         hard = quotas[tenant.namespace_name]
         limit = tenant.quota or tenant.capability
@@ -128,12 +131,17 @@ def test_every_tenant_namespace_has_a_quota_with_mig_slices(stack: str) -> None:
             mig = {k for k in hard if k.startswith("requests.nvidia.com/mig-")}
             assert bool(mig) is bool(mig_pools), tenant.name
         assert "pods" in hard
-        # Claims too: members create checkpoint claims on the classes every tenant shares.
+        # Claims too, on the class checkpoint claims use; never namespace-wide, where the dataset claim Fluid makes
+        # in the namespace (nominally 100Pi) would count and be refused.
+        assert "requests.storage" not in hard and "persistentvolumeclaims" not in hard, tenant.name
         storage = tenant.quota or TenantQuota()
-        assert hard["requests.storage"] == storage.storage
-        assert hard["persistentvolumeclaims"] == str(storage.claims)
-        jobs = [j.checkpoint_size for j in settings.workloads if j.tenant == tenant.name]
-        assert sum(parse_quantity(size) for size in jobs) <= parse_quantity(hard["requests.storage"])
+        bounded = {key.split(".storageclass.")[0] for key in hard if ".storageclass.storage.k8s.io/" in key}
+        assert bounded == classes, tenant.name
+        for per_class in (f"{c}.storageclass.storage.k8s.io" for c in classes):
+            assert hard[f"{per_class}/requests.storage"] == storage.storage
+            assert hard[f"{per_class}/persistentvolumeclaims"] == str(storage.claims)
+            jobs = [j.checkpoint_size for j in settings.workloads if j.tenant == tenant.name]
+            assert sum(parse_quantity(size) for size in jobs) <= parse_quantity(hard[f"{per_class}/requests.storage"])
 
 
 def _scoped_to(quota: dict[str, Any], pod: dict[str, Any]) -> bool:
@@ -245,6 +253,9 @@ def test_a_tenants_pod_monitor_scrapes_its_namespace_keeps_its_label_and_bounds_
                 {"sourceLabels": ["x"], "regex": "(.*)", "targetLabel": "$1", "replacement": "monitoring"}]}),
             "label names from data": _monitor(endpoint={"metricRelabelings": [
                 {"action": "labelmap", "regex": "x_(.*)"}]}),
+            "namespace dropped": _monitor(endpoint={"relabelings": [{"action": "labeldrop", "regex": "namespace"}]}),
+            "namespace not kept": _monitor(endpoint={"metricRelabelings": [
+                {"action": "LabelKeep", "regex": "__name__|job"}]}),
             "pod label as namespace": _monitor(podTargetLabels=["namespace"]),
             "no sample limit": {"spec": {"selector": {}, "podMetricsEndpoints": [{"port": "m"}]}},
             "too many samples": _monitor(sampleLimit=SAMPLE_LIMIT + 1),

@@ -495,9 +495,9 @@ class TenantResources(Model):
 
 class TenantQuota(TenantResources):
     pods: Positive = 200
-    # What the namespace's claims may request in all (`requests.storage`) and how many it may hold
-    # (`persistentvolumeclaims`): the stack's own jobs' checkpoint claims must fit (config/rules.py), and what members
-    # submit shares the rest.
+    # What the namespace's claims on the checkpoint class may request in all and how many it may hold (a per-class
+    # quota: platform/tenants.quota_spec): the stack's own jobs' checkpoint claims must fit (config/rules.py), and
+    # what members submit shares the rest.
     storage: Size = "10Ti"
     claims: Positive = 20
 

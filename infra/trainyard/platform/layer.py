@@ -82,7 +82,8 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
     for addon in (a for a in enabled if not a.cni and not a.after_tenants):
         install(addon, {})
 
-    cilium, volcano = installed.get(CNI), installed.get(VOLCANO)
+    cilium, volcano, rook = installed.get(CNI), installed.get(VOLCANO), installed.get("rookCeph")
+    checkpoint_class = rook.checkpoint_storage_class if isinstance(rook, RookCeph) else None
     checked = {pool.name for pool in settings.fabric_checked_pools}
     tenants = Tenants("tenants", TenantsArgs(
         cluster=cluster, tenants=tuple(settings.tenants),
@@ -90,16 +91,16 @@ def build(settings: Settings, cluster: ClusterContext, secrets: Secrets, cni: In
         network_policy="cilium" if cilium is not None else "kubernetes", region=cluster.region,
         cilium=cilium.release if cilium else None, volcano=volcano.release if volcano else None,
         fabric_checks=fabric_check_tenant([p for p in cluster.pools if p.name in checked]),
-        mig_slices=mig_slices_per_gpu(cluster.pools)))
+        mig_slices=mig_slices_per_gpu(cluster.pools), claim_storage_class=checkpoint_class))
     for addon in (a for a in enabled if a.after_tenants):
         install(addon, tenants.facts)
 
-    monitoring, rook, alluxio = installed.get(MONITORING), installed.get("rookCeph"), installed.get("alluxio")
+    monitoring, alluxio = installed.get(MONITORING), installed.get("alluxio")
     tracking, workflows = installed.get("mlflow"), installed.get("argoWorkflows")
     return PlatformContext(
         cluster=cluster, tenants=tenants.facts, fabric_checks=tenants.fabric_checks,
         volcano=volcano.release if volcano else None, monitoring=monitoring.release if monitoring else None,
-        checkpoint_storage_class=rook.checkpoint_storage_class if isinstance(rook, RookCeph) else None,
+        checkpoint_storage_class=checkpoint_class,
         checkpoint_storage=(rook.storage.release,) if isinstance(rook, RookCeph) else (),
         dataset_claim=alluxio.claim if isinstance(alluxio, Alluxio) else None,
         dataset_subpath=alluxio.claim_subpath if isinstance(alluxio, Alluxio) else "",

@@ -20,8 +20,10 @@ POD_MONITOR_POLICY = "trainyard-tenant-pod-monitors"
 # Prometheus scrape_config sample_limit). The trainer exports about ten series (workloads/trainyard_train/metrics.py).
 SAMPLE_LIMIT = 5000
 _LABEL = "namespace"
-# Relabel actions that write label names taken from the data (Prometheus relabel_config: labelmap).
-_NAMING_ACTIONS = ("labelmap", "LabelMap")
+# Relabel actions that write label names taken from the data, or drop labels by name (Prometheus relabel_config:
+# labelmap, labeldrop, labelkeep; the operator also takes the CamelCase spellings): dropping the target's namespace
+# label lets a namespace label the pod exposes stand in its place.
+_NAMING_ACTIONS = ("labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep")
 
 
 def _rule_keeps_namespace(rule: str) -> str:
@@ -61,7 +63,8 @@ def pod_monitor_policy() -> dict[str, Any]:
                               f"{_rules_keep_namespace('e', 'relabelings')} && "
                               f"{_rules_keep_namespace('e', 'metricRelabelings')})",
                 "message": f"a tenant's PodMonitor keeps the {_LABEL} label its targets get: no honorLabels, no "
-                           f"relabeling with targetLabel {_LABEL} (or a $ reference) and no labelmap",
+                           f"relabeling with targetLabel {_LABEL} (or a $ reference), no labelmap, labeldrop or "
+                           "labelkeep",
                 "reason": "Forbidden",
             },
             {

@@ -59,6 +59,8 @@ class TenantsArgs:
     fabric_checks: Tenant | None = None
     # MIG profile -> the most slices of it one GPU of the cluster's MIG pools carries (mig_slices_per_gpu).
     mig_slices: Mapping[str, int] = field(default_factory=dict)
+    # The storage class of the jobs' checkpoint claims (Rook's CephFS class), which the tenant quota bounds.
+    claim_storage_class: str | None = None
 
 
 def resource_list(resources: TenantResources, mig_slices: Mapping[str, int] | None = None) -> dict[str, str]:
@@ -125,15 +127,20 @@ def tenant_quota(tenant: Tenant) -> TenantQuota:
     return TenantQuota(gpu=capability.gpu, cpu=capability.cpu, memory=capability.memory)
 
 
-def quota_spec(tenant: Tenant, mig_slices: Mapping[str, int] | None = None) -> dict[str, Any]:
+def quota_spec(tenant: Tenant, mig_slices: Mapping[str, int] | None = None,
+               claim_class: str | None = None) -> dict[str, Any]:
     quota = tenant_quota(tenant)
     # Extended resources are quota'd by requests only (Kubernetes docs, "Resource Quotas": extended resources).
     hard = {f"requests.{key}": value for key, value in resource_list(quota, mig_slices).items()}
     hard["pods"] = str(quota.pods)
-    # Claims on every storage class together (Kubernetes docs, "Resource Quotas": storage resource quota): members
-    # create checkpoint claims, which would otherwise fill the Ceph cluster every tenant shares or bill EBS unbounded.
-    hard["requests.storage"] = quota.storage
-    hard["persistentvolumeclaims"] = str(quota.claims)
+    if claim_class is not None:
+        # Claims on the class checkpoint claims use, bounded per class (Kubernetes docs, "Resource Quotas": storage
+        # resource quota, <class>.storageclass.storage.k8s.io/...): members create them, and they fill the Ceph
+        # cluster every tenant shares. Not namespace-wide: that total would also count the dataset claim Fluid makes
+        # in each tenant namespace, whose nominal capacity (100Pi) no quota holds, and refuse it.
+        per_class = f"{claim_class}.storageclass.storage.k8s.io"
+        hard[f"{per_class}/requests.storage"] = quota.storage
+        hard[f"{per_class}/persistentvolumeclaims"] = str(quota.claims)
     return {"hard": hard}
 
 
@@ -247,7 +254,7 @@ class Tenants(pulumi.ComponentResource):
             opts=k8s_options(cluster, self),
         )
         in_namespace = k8s_options(cluster, self, [namespace])
-        quota = quota_spec(tenant, mig_slices)
+        quota = quota_spec(tenant, mig_slices, args.claim_storage_class)
         k8s.core.v1.ResourceQuota(
             f"{prefix}-quota",
             metadata=k8s.meta.v1.ObjectMetaArgs(name="tenant-quota", namespace=ns_name, labels=tenant_labels),
