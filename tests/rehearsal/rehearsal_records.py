@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from trainyard.catalogue.charts import load_catalogue
@@ -34,6 +37,23 @@ def rec(type_: str, name: str, inputs: dict[str, Any] | None = None, deps: tuple
 
 def recording(*records: ResourceRecord) -> Recording:
     return Recording(resources=list(records))
+
+
+Match = Callable[[ResourceRecord], bool]
+
+
+def edited(recording: Recording, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
+    """A copy of the recording with `change` applied to the inputs of every record `match` selects (at least one)."""
+    resources, matched = [], 0
+    for record in recording.resources:
+        if match(record):
+            matched += 1
+            inputs = copy.deepcopy(record.inputs)
+            change(inputs)
+            record = replace(record, inputs=inputs)
+        resources.append(record)
+    assert matched, "the edit matched nothing"
+    return Recording(resources=resources)
 
 
 KUBERNETES = "1.34"

@@ -6,7 +6,6 @@ lacked, a value it set), so each test keeps working whatever shape the fix took.
 
 from __future__ import annotations
 
-import copy
 import functools
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 from owned_stacks import OWNED_STACKS
-from rehearsal_records import rehearsed
+from rehearsal_records import Match, edited, rehearsed
 from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.names import POOL_LABEL
@@ -30,7 +29,6 @@ from trainyard.plan.rendering import chart_name
 from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render, settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
-Match = Callable[[ResourceRecord], bool]
 
 
 # A stack is (name, folder): the sample stacks in stacks/, which users edit, or the stacks the tests own, which the
@@ -67,19 +65,6 @@ def of_type(suffix: str) -> Match:
 def release_of(chart: str) -> Match:
     return lambda r: r.type == "kubernetes:helm.sh/v3:Release" and chart_name(str(r.inputs.get("chart"))) == chart
 
-
-def edit(recording: Recording, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
-    """Change the inputs of every matching record (on a copy)."""
-    resources, matched = [], 0
-    for record in recording.resources:
-        if match(record):
-            matched += 1
-            inputs = copy.deepcopy(record.inputs)
-            change(inputs)
-            record = replace(record, inputs=inputs)
-        resources.append(record)
-    assert matched, "the edit matched nothing"
-    return Recording(resources=resources)
 
 
 def drop(recording: Recording, match: Match) -> Recording:
@@ -171,7 +156,7 @@ def test_item_1_a_cilium_release_that_waits_for_pods_is_named() -> None:
         inputs["atomic"] = True
         inputs.pop("skipAwait", None)
 
-    old = edit(fresh(), release_of("cilium"), waits)
+    old = edited(fresh(), release_of("cilium"), waits)
     found = named(rehearsed(old).findings, "release-needs-nodes", release_of("cilium"), old)
     assert found and "cilium-operator" in found[0].problem
 
@@ -183,7 +168,7 @@ def test_item_3_rook_selecting_no_node_is_named() -> None:
             storage.pop(key, None)
         storage["useAllNodes"] = False
 
-    old = edit(fresh(), release_of("rook-ceph-cluster"), no_nodes)
+    old = edited(fresh(), release_of("rook-ceph-cluster"), no_nodes)
     found = named(rehearsed(old).findings, "ceph-has-osds", release_of("rook-ceph-cluster"), old)
     assert found and "Rook creates no OSD" in found[0].problem
 
@@ -207,7 +192,7 @@ def test_item_5_the_node_overlay_feature_gate_off_is_named() -> None:
     def gate_off(inputs: dict[str, Any]) -> None:
         inputs["values"].setdefault("settings", {}).setdefault("featureGates", {})["nodeOverlay"] = False
 
-    old = edit(fresh(), release_of("karpenter"), gate_off)
+    old = edited(fresh(), release_of("karpenter"), gate_off)
     found = named(rehearsed(old).findings, "karpenter-can-launch", of_type("volcano.sh/v1alpha1:Job"), old)
     assert found and "feature gate is off" in found[0].problem
 
@@ -222,13 +207,13 @@ def _set_actions(actions: str) -> Callable[[dict[str, Any]], None]:
 
 
 def test_item_6_enqueue_before_gpu_pools_scale_is_named() -> None:
-    old = edit(fresh(), release_of("volcano"), _set_actions("enqueue, allocate, backfill"))
+    old = edited(fresh(), release_of("volcano"), _set_actions("enqueue, allocate, backfill"))
     found = named(rehearsed(old).findings, "gang-admitted", of_type("volcano.sh/v1alpha1:Job"), old)
     assert {f.name for f in found} >= {"pretrain-h100", "finetune-h200"}
 
 
 def test_item_6_reclaimable_queues_without_reclaim_are_named() -> None:
-    old = edit(fresh(), release_of("volcano"), _set_actions("allocate, backfill"))
+    old = edited(fresh(), release_of("volcano"), _set_actions("allocate, backfill"))
     found = named(rehearsed(old).findings, "reclaim-configured", lambda r: "Queue" in r.type, old)
     reclaimable = [r for r in old.resources if "Queue" in r.type and lookup(r.inputs, "spec.reclaimable")]
     assert reclaimable, "no reclaimable queue left to check"
@@ -247,8 +232,8 @@ def test_item_9_cache_workers_pinned_to_gpu_nodes_are_named() -> None:
         inputs["spec"]["nodeAffinity"] = {"required": gpu_only}
         inputs["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
-    old = edit(fresh(), of_type(":AlluxioRuntime"), on_gpu_runtime)
-    old = edit(old, lambda r: r.type.endswith(":Dataset") and not str(
+    old = edited(fresh(), of_type(":AlluxioRuntime"), on_gpu_runtime)
+    old = edited(old, lambda r: r.type.endswith(":Dataset") and not str(
         lookup(r.inputs, "spec.mounts", [{}])[0].get("mountPoint", "")).startswith("dataset://"), on_gpu_dataset)
     found = named(rehearsed(old).findings, "cache-off-gpu-nodes", of_type(":AlluxioRuntime"), old)
     assert found and "GPU pools" in found[0].problem
@@ -260,7 +245,7 @@ def test_item_15_prometheus_on_ceph_is_named() -> None:
         spec["storageSpec"] = {"volumeClaimTemplate": {"spec": {"storageClassName": "ceph-block",
                                                                 "resources": {"requests": {"storage": "500Gi"}}}}}
 
-    old = edit(fresh(), release_of("kube-prometheus-stack"), on_ceph)
+    old = edited(fresh(), release_of("kube-prometheus-stack"), on_ceph)
     found = named(rehearsed(old).findings, "release-volumes-bind", release_of("kube-prometheus-stack"), old)
     assert found and "ceph-block" in found[0].problem
 
@@ -271,7 +256,7 @@ def test_item_8_pod_identity_allowed_by_cidr_only_is_named() -> None:
         egress.append({"toCIDR": ["169.254.170.23/32"], "toPorts": [{"ports": [{"port": "80", "protocol": "TCP"}]}]})
         inputs["spec"]["egress"] = egress
 
-    old = edit(fresh(), of_type("cilium.io/v2:CiliumNetworkPolicy"), by_cidr)
+    old = edited(fresh(), of_type("cilium.io/v2:CiliumNetworkPolicy"), by_cidr)
     found = named(rehearsed(old).findings, "pod-identity-reachable", of_type("CiliumNetworkPolicy"), old)
     assert {lookup(old.by_urn()[f.urn].inputs, "metadata.namespace") for f in found} >= {"research", "foundation"}
 
@@ -298,7 +283,7 @@ def test_issue_18_item_9_mig_pools_limited_on_whole_gpus_are_named(stack: Stack)
     def gpu_limit_only(inputs: dict[str, Any]) -> None:
         inputs["spec"]["limits"] = {"nvidia.com/gpu": "16"}
 
-    old = edit(fresh(stack), of_type(":NodePool"), gpu_limit_only)
+    old = edited(fresh(stack), of_type(":NodePool"), gpu_limit_only)
     found = named(rehearsed(old).findings, "pool-limits-bound", of_type(":NodePool"), old)
     # Only the partitioned pools: a whole-GPU pool's nvidia.com/gpu limit still counts its nodes.
     assert {str(lookup(old.by_urn()[f.urn].inputs, "metadata.name")) for f in found} == _mig_pools(old) != set()
@@ -318,7 +303,7 @@ def test_issue_18_item_3_a_reaper_that_may_not_delete_nodeclaims_is_named() -> N
         for rule in inputs.get("rules") or ():
             rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
 
-    old = edit(fresh(), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
+    old = edited(fresh(), lambda r: r.type.endswith(":ClusterRole") and r.name.endswith("reaper"), list_only)
     assert named(rehearsed(old).findings, "stranded-nodes-reclaimed", of_type(":NodePool"), old)
 
 
@@ -346,7 +331,7 @@ def test_review_finding_1_efa_pools_on_interfaces_with_ips_are_named(stack: Stac
     def default_interfaces(inputs: dict[str, Any]) -> None:
         inputs["spec"].pop("networkInterfaces", None)
 
-    old = edit(fresh(stack), of_type(":EC2NodeClass"), default_interfaces)
+    old = edited(fresh(stack), of_type(":EC2NodeClass"), default_interfaces)
     found = named(rehearsed(old).findings, "efa-interfaces-ip-less", of_type(":EC2NodeClass"), old)
     assert _class_names(found, old) == efa_pools
     assert all("lists no networkInterfaces" in f.problem for f in found)
@@ -356,7 +341,7 @@ def test_review_finding_1_efa_pools_on_interfaces_with_ips_are_named(stack: Stac
             if interface["networkCardIndex"] == 1:
                 interface["interfaceType"] = "interface"
 
-    old = edit(fresh(stack), lambda r: r.type.endswith(":EC2NodeClass")
+    old = edited(fresh(stack), lambda r: r.type.endswith(":EC2NodeClass")
                and lookup(r.inputs, "metadata.name") in efa_pools, card_1_with_ips)
     found = named(rehearsed(old).findings, "efa-interfaces-ip-less", of_type(":EC2NodeClass"), old)
     cards = {name for name in efa_pools if min(INSTANCE_TYPES[t].efa_interfaces
@@ -376,7 +361,7 @@ def test_review_finding_9_a_job_the_engine_stops_awaiting_first_is_named(stack: 
     def old_deadline(inputs: dict[str, Any]) -> None:
         inputs["spec"]["activeDeadlineSeconds"] = 660
 
-    old = edit(fresh(stack), lambda r: r in jobs, old_deadline)
+    old = edited(fresh(stack), lambda r: r in jobs, old_deadline)
     old = Recording(resources=[replace(r, custom_timeouts={}) if is_check(r) else r for r in old.resources])
     found = named(rehearsed(old).findings, "job-ends-before-its-await", is_check, old)
     assert {f.name for f in found} == {j.name for j in jobs}
@@ -410,7 +395,7 @@ def test_issue_19_finding_7_a_queue_handed_more_than_its_capability_is_named() -
     def short(inputs: dict[str, Any]) -> None:
         inputs["spec"]["capability"]["nvidia.com/gpu"] = str(int(gpus) - 1)
 
-    old = edit(fresh(stack), lambda r: r.type.endswith(":Queue") and lookup(r.inputs, "metadata.name") == queue,
+    old = edited(fresh(stack), lambda r: r.type.endswith(":Queue") and lookup(r.inputs, "metadata.name") == queue,
                short)
     (found,) = named(rehearsed(old).findings, "queue-demand-fits", of_type("volcano.sh/v1alpha1:Job"), old)
     assert f"queue {queue}'s jobs" in found.problem and f"{gpus:g} nvidia.com/gpu" in found.problem, found.problem
@@ -428,7 +413,7 @@ def test_issue_19_finding_3_the_source_mount_under_its_name_is_named() -> None:
         for mount in inputs["spec"]["mounts"]:
             mount.pop("path", None)
 
-    old = edit(fresh(stack), lambda r: r.type.endswith(":Dataset") and not any(
+    old = edited(fresh(stack), lambda r: r.type.endswith(":Dataset") and not any(
         str(m.get("mountPoint", "")).startswith("dataset://") for m in lookup(r.inputs, "spec.mounts", ())),
         under_its_name)
     found = named(rehearsed(old).findings, "dataset-path-served", of_type("volcano.sh/v1alpha1:Job"), old)
@@ -447,7 +432,7 @@ def test_issue_19_finding_1_the_csi_plugin_borrowing_the_kubelet_kubeconfig_is_n
     def node_authorization(inputs: dict[str, Any]) -> None:
         inputs["values"].setdefault("csi", {})["useNodeAuthorization"] = True
 
-    old = edit(fresh(_cache_stack()), release_of("fluid"), node_authorization)
+    old = edited(fresh(_cache_stack()), release_of("fluid"), node_authorization)
     (found,) = named(rehearsed(old).findings, "host-paths-exist", release_of("fluid"), old)
     assert "/etc/kubernetes/kubelet.conf" in found.problem, found.problem
 
@@ -460,7 +445,7 @@ def test_issue_19_finding_8_fluid_controllers_tolerating_every_taint_are_named()
             values.setdefault(key, {})["tolerations"] = [{"operator": "Exists"}]
         values.setdefault("runtime", {}).setdefault("alluxio", {})["tolerations"] = [{"operator": "Exists"}]
 
-    old = edit(fresh(_cache_stack()), release_of("fluid"), everywhere)
+    old = edited(fresh(_cache_stack()), release_of("fluid"), everywhere)
     (found,) = named(rehearsed(old).findings, "controllers-off-special-nodes", release_of("fluid"), old)
     assert "alluxioruntime-controller" in found.problem and "can land on" in found.problem, found.problem
 
@@ -516,9 +501,9 @@ def _hard_on(stack: Stack, job: ResourceRecord, pool: ResourceRecord, capacity: 
     def grouped(inputs: dict[str, Any]) -> None:
         inputs["spec"]["placementGroupSelector"] = {"name": "trainyard-test"}
 
-    recording = edit(fresh(stack), lambda r: r.urn == job.urn, hard)
-    recording = edit(recording, lambda r: r.urn == pool.urn, placed)
-    return edit(recording, lambda r: r.type == NODE_CLASS and lookup(r.inputs, "metadata.name") == class_name,
+    recording = edited(fresh(stack), lambda r: r.urn == job.urn, hard)
+    recording = edited(recording, lambda r: r.urn == pool.urn, placed)
+    return edited(recording, lambda r: r.type == NODE_CLASS and lookup(r.inputs, "metadata.name") == class_name,
                 grouped)
 
 

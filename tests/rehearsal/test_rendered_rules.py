@@ -3,7 +3,6 @@ copy of a stack (the stack is picked by what it has, never by name)."""
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 from owned_stacks import OWNED_STACKS
-from rehearsal_records import rehearsed
+from rehearsal_records import Match, edited, rehearsed
 from trainyard.plan import rendered_rules
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.node_image import missing_path
@@ -22,8 +21,6 @@ from trainyard.plan.rehearse import Finding
 from trainyard.plan.rendering import RELEASE, chart_name, render_releases
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.platform.registry import load_registry
-
-Match = Callable[[ResourceRecord], bool]
 
 
 @functools.cache
@@ -36,18 +33,6 @@ def owned(stack: str) -> Recording:
     """A stack the tests own (tests/fixtures/stacks): fleet is AWS with every add-on, laptop the local one."""
     return render(read_stack(stack, OWNED_STACKS))
 
-
-def edited(recording: Recording, match: Match, change: Callable[[dict[str, Any]], None]) -> Recording:
-    resources, matched = [], 0
-    for record in recording.resources:
-        if match(record):
-            matched += 1
-            inputs = copy.deepcopy(record.inputs)
-            change(inputs)
-            record = replace(record, inputs=inputs)
-        resources.append(record)
-    assert matched, "the edit matched nothing"
-    return Recording(resources=resources)
 
 
 def stack_with(match: Match) -> str:
