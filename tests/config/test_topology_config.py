@@ -68,14 +68,21 @@ def _block(pool: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return _reservation(pool, **{"type": "capacity-block", "upfrontFeeUsd": 1000.0, "durationHours": 24, **extra})
 
 
-def test_hard_on_a_co_located_pool_is_accepted(fleet: Raw) -> None:
+def _hard_job_on_a_placement_group(fleet: Raw, tier: int) -> tuple[Raw, int, int]:
+    """A copy of the fleet with an on-demand GPU pool in one placement group and a multi-node job on it, hard
+    topology at `tier`: (raw, pool, job index)."""
     raw = copy.deepcopy(fleet)
     p = _gpu_pool(raw, spot=False)
     pool = raw["nodePools"][p]
     pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
                 instanceTypes=pool["instanceTypes"][:1])
     j = _multi_node_job(raw, p)
-    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": 3}
+    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": tier}
+    return raw, p, j
+
+
+def test_hard_on_a_co_located_pool_is_accepted(fleet: Raw) -> None:
+    raw, p, j = _hard_job_on_a_placement_group(fleet, 3)
     settings = parse_settings(PROJECT, "fleet", raw)
     assert settings.workloads[j].network_topology is not None
     assert co_located(settings.node_pools[p])
@@ -86,13 +93,7 @@ def test_hard_below_the_top_tier_of_a_co_located_pool_is_refused(fleet: Raw, tie
     """A placement group or a Capacity Block is close together, not under one layer-3 or layer-2 network node: a
     hard job bound to such a tier may never bind on the nodes Karpenter launches for it (review-topology-bringup
     finding 3)."""
-    raw = copy.deepcopy(fleet)
-    p = _gpu_pool(raw, spot=False)
-    pool = raw["nodePools"][p]
-    pool.update(placementGroup=True, zones=pool.get("zones", ["us-west-2a"])[:1],
-                instanceTypes=pool["instanceTypes"][:1])
-    j = _multi_node_job(raw, p)
-    raw["workloads"][j]["networkTopology"] = {"mode": "hard", "highestTier": tier}
+    raw, _, j = _hard_job_on_a_placement_group(fleet, tier)
     assert "only its top tier (3)" in _problems(raw).get(f"workloads[{j}].networkTopology.highestTier", "")
 
 
