@@ -37,7 +37,7 @@ SCANNERS = {"trainyard.config.release_check._FROM", "trainyard_tool_refresh_rele
             "trainyard_tool_refresh_releases._K8S_BLOCK", "trainyard_tool_refresh_releases._RELEASE_VERSION",
             "trainyard_tool_upstream._MIG",
             # finds a `kubectl taint ... key-` line inside a DaemonSet's command or mounted script
-            "trainyard.plan.rendered_rules._TAINT_REMOVAL"}
+            "trainyard.plan.rules.startup_taints._TAINT_REMOVAL"}
 
 
 def _modules() -> Iterator[ModuleType]:

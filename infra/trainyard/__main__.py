@@ -33,7 +33,8 @@ from trainyard.plan.diff import default_base, diff_against, format_diff, resolve
 from trainyard.plan.helm import HELM
 from trainyard.plan.images import digest_mismatches, unpinned
 from trainyard.plan.recording import Recording
-from trainyard.plan.rendering import RELEASE, RenderError
+from trainyard.plan.rendering import RenderError
+from trainyard.plan.resource_types import RELEASE
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, check_unique_objects, write_plan
 from trainyard.safe_paths import UnsafePathError, write_file

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from owned_stacks import OWNED_STACKS
-from trainyard.plan.await_rules import duration_seconds
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
+from trainyard.plan.rules.awaits import duration_seconds
 from trainyard.plan.runtime import read_stack, render
 
 REPO = Path(__file__).resolve().parents[2]

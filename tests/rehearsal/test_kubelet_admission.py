@@ -26,8 +26,9 @@ from rehearsal_records import (
 )
 from trainyard.cloud.userdata import GPU_KUBELET, KubeletSettings, NodeRole, render_user_data
 from trainyard.plan.cluster_model import InstanceOffer
-from trainyard.plan.cluster_state import NODE_CLASS
-from trainyard.plan.kubelet_admission import (
+from trainyard.plan.recording import Recording, ResourceRecord
+from trainyard.plan.resource_types import NODE_CLASS
+from trainyard.plan.rules.kubelet_admission import (
     KubeletTopology,
     admitted,
     aligned_requests,
@@ -35,7 +36,6 @@ from trainyard.plan.kubelet_admission import (
     numa_nodes,
     user_data_kubelet,
 )
-from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
 
 RULE = "kubelet-admits-pod"

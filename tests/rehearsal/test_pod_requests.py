@@ -10,9 +10,10 @@ from typing import Any
 from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
 from trainyard.plan.pods import requests_of
-from trainyard.plan.readiness import VOLCANO_JOB, task_pods
 from trainyard.plan.recording import Recording
+from trainyard.plan.resource_types import VOLCANO_JOB
 from trainyard.plan.runtime import read_stack, render
+from trainyard.plan.volcano_jobs import task_pods
 
 ACCELERATORS = ("nvidia.com/", "vpc.amazonaws.com/efa")
 GiB = 2**30

@@ -21,12 +21,12 @@ from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.names import POOL_LABEL
 from trainyard.plan.engine_order import creation_order
-from trainyard.plan.job_rules import job_demand
 from trainyard.plan.pods import lookup
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rehearse import Finding
 from trainyard.plan.rendering import chart_name
 from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render, settings_of
+from trainyard.plan.volcano_jobs import job_demand
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from owned_stacks import OWNED_STACKS
 from rehearsal_records import Match, edited, rehearsed
-from trainyard.plan import rendered_rules
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.node_image import missing_path
 from trainyard.plan.pods import workloads
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rehearse import Finding
 from trainyard.plan.rendering import RELEASE, chart_name, render_releases
+from trainyard.plan.rules import custom_resources
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.platform.registry import load_registry
 
@@ -287,7 +288,7 @@ def test_monitors_without_the_prometheus_operator_are_named() -> None:
 
 
 def test_a_custom_resource_whose_controller_nobody_names_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rendered_rules, "crd_controllers", lambda: {})
+    monkeypatch.setattr(custom_resources, "crd_controllers", lambda: {})
     findings = [f for f in found(owned("fleet"), "resource-reconciled") if f.type == VOLCANO_JOB]
     assert findings and all("platform/addons.yaml names no controller for batch.volcano.sh" in f.problem
                             for f in findings)
@@ -296,10 +297,10 @@ def test_a_custom_resource_whose_controller_nobody_names_is_named(monkeypatch: p
 def test_every_named_controller_is_rendered_by_its_chart() -> None:
     """The workloads platform/addons.yaml names as controllers are rendered under those names by the owned stacks
     (fleet and laptop between them install every chart that brings CRDs)."""
-    owners = {group: chart for addon in load_registry(rendered_rules.REPO_ROOT).addons
+    owners = {group: chart for addon in load_registry(REPO_ROOT).addons
               for chart, groups in addon.crds.items() for group in groups}
     named = {(owners[key.split(".", 1)[1] if key[:1].isupper() else key], name)
-             for key, names in rendered_rules.crd_controllers().items() for name in names}
+             for key, names in custom_resources.crd_controllers().items() for name in names}
     seen = set()
     for stack in ("fleet", "laptop"):
         recording = owned(stack)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.cluster_state import cluster_state
-from trainyard.plan.readiness import RULES
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rules.registry import RULES
 from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack
 from trainyard.plan.trainer_check import device_memory, trainer_problem
 from trainyard_train.planner import gpu_memory_bytes

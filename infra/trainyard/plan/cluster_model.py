@@ -141,8 +141,9 @@ class StorageClass:
 # ------------------------------------------------------------------------------------------------ matching
 
 
-def untolerated(pod: PodNeeds, pool: Pool) -> list[Taint]:
-    return [t for t in pool.taints
+def untolerated(pod: PodNeeds, pool: Pool, also: tuple[Taint, ...] = ()) -> list[Taint]:
+    """The pool's blocking taints (and `also`: a new node's startup taints) the pod does not tolerate."""
+    return [t for t in (*pool.taints, *also)
             if t.effect in _BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)]
 
 
@@ -179,9 +180,10 @@ def short_resources(pod: PodNeeds, offer: InstanceOffer) -> list[str]:
     return [name for name, amount in sorted(pod.requests.items()) if offer.resources.get(name, 0.0) < amount]
 
 
-def admits(pod: PodNeeds, pool: Pool) -> bool:
-    """The pool's nodes accept the pod by labels and taints (resources aside)."""
-    return label_mismatch(pod, pool) is None and not untolerated(pod, pool)
+def admits(pod: PodNeeds, pool: Pool, also: tuple[Taint, ...] = ()) -> bool:
+    """The pool's nodes accept the pod by labels and taints (resources aside); `also`: taints a new node carries
+    until something removes them (a NodePool's startupTaints)."""
+    return label_mismatch(pod, pool) is None and not untolerated(pod, pool, also)
 
 
 def fits_some_offer(pod: PodNeeds, pool: Pool) -> bool:

@@ -36,17 +36,18 @@ from trainyard.plan.cluster_model import (
 from trainyard.plan.pods import affinity_terms, lookup
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import RenderedStack, chart_name
+from trainyard.plan.resource_types import (
+    EKS_ADDON,
+    EKS_CLUSTER,
+    K8S_PROVIDER,
+    NODE_CLASS,
+    NODE_GROUP,
+    NODE_OVERLAY,
+    NODE_POOL,
+    RELEASE,
+    STORAGE_CLASS,
+)
 from trainyard.platform.registry import load_registry
-
-RELEASE = "kubernetes:helm.sh/v3:Release"
-NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
-EKS_CLUSTER = "aws:eks/cluster:Cluster"
-EKS_ADDON = "aws:eks/addon:Addon"
-NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
-NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
-NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
-STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
-K8S_PROVIDER = "pulumi:providers:kubernetes"
 
 CILIUM_AGENT_NOT_READY = names.CILIUM_AGENT_NOT_READY_TAINT_KEY
 EBS_PROVISIONER = "ebs.csi.aws.com"
@@ -87,6 +88,8 @@ class ClusterState:
     overlay_gate: bool  # Karpenter's NodeOverlay feature gate (alpha, off in the 1.14 chart)
     overlays: tuple[str, ...]  # NodeOverlay names present
     ceph: Ceph | None = None
+    removed_taints: frozenset[str] = frozenset()  # taint keys the CNI removes from a node once it runs there
+    ipam: str | None = None  # the CNI operator's IPAM mode (Cilium's `ipam`: eni, cluster-pool, ...)
 
 
 def _rendered(record: ResourceRecord, rendered: RenderedStack) -> tuple[Mapping[str, Any], ...]:
@@ -129,7 +132,8 @@ def cluster_state(records: Iterable[ResourceRecord], rendered: RenderedStack) ->
         cni=cni, pools=tuple(pools), charts=frozenset(charts), eks_addons=addons,
         storage_classes=classes_by_name, default_class=default,
         scheduler=_scheduler(objects["volcano"]) if "volcano" in charts else None,
-        overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), ceph=ceph)
+        overlay_gate=gate, overlays=tuple(sorted(r.name for r in overlays)), ceph=ceph, removed_taints=removed,
+        ipam=_cni_ipam(objects["cilium"]) if "cilium" in charts else None)
 
 
 @functools.cache
@@ -184,6 +188,14 @@ def _cni_removed_taints(objects: tuple[Mapping[str, Any], ...]) -> frozenset[str
     if not _go_bool(config.get("remove-cilium-node-taints", "true")) or not _may_patch_nodes(objects, pod):
         return frozenset()
     return frozenset({str(config.get("agent-not-ready-taint-key", CILIUM_AGENT_NOT_READY))})
+
+
+def _cni_ipam(objects: tuple[Mapping[str, Any], ...]) -> str | None:
+    """The IPAM mode Cilium's operator runs with: `ipam` in the configuration directory its `--config-dir` names
+    (cilium 1.20.0 pkg/option/config.go IPAM; in ENI mode the operator allocates the nodes' ENIs, docs.cilium.io
+    network/concepts/ipam/eni); None where no operator runs or the key is left to its default (cluster-pool)."""
+    found = _config_dir(objects, "cilium-operator")
+    return str(found[1]["ipam"]) if found is not None and "ipam" in found[1] else None
 
 
 def _may_patch_nodes(objects: tuple[Mapping[str, Any], ...], workload: Mapping[str, Any]) -> bool:

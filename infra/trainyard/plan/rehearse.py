@@ -5,29 +5,21 @@ Pulumi engine starts a resource once everything it waits on is done (`engine_ord
 SDK also fills from the outputs it consumes, its parent and its provider), so the cluster a resource meets is made of
 exactly those resources, transitively. Anything else may or may not be there yet, and a rule never counts on it.
 What a Helm release puts into the cluster is read from its rendered objects (`rendering`), never from a model
-of the chart. For each resource the rules of `readiness`, `lifecycle`, `rendered_rules` (what the charts render),
-`job_rules` (what each queue is handed) and `kubelet_admission` (what the nodes' kubelets admit) check it against
-that cluster (and, for what controllers do later, against the cluster at the end of the run). The first problem in
-creation order is what `pulumi up` would hit first.
+of the chart. For each resource the rules `rules.registry` lists (one module per subject: nodes, placement, storage,
+scheduling, network, ...) check it against that cluster (and, for what controllers do later, against the cluster at
+the end of the run). The first problem in creation order is what `pulumi up` would hit first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.plan import await_rules, efa_rules, job_rules, kubelet_admission, lifecycle, readiness, rendered_rules
 from trainyard.plan.cluster_state import ClusterState, cluster_state
 from trainyard.plan.engine_order import creation_order
-from trainyard.plan.readiness import Moment
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedStack
-
-# Convergence of `pulumi up` (readiness, rendered_rules on what the charts render, job_rules on what each queue is
-# handed, kubelet_admission on what the nodes' kubelets admit, efa_rules on which interfaces Cilium gives pods,
-# await_rules on whether a Job ends before the engine stops waiting) and the bounds on what it leaves running
-# (lifecycle).
-RULES = (*readiness.RULES, *lifecycle.RULES, *rendered_rules.RULES, *job_rules.RULES, *kubelet_admission.RULES,
-         *efa_rules.RULES, *await_rules.RULES)
+from trainyard.plan.rules.base import Moment
+from trainyard.plan.rules.registry import RULES
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,15 @@
 """The rehearsal's rule on how long `pulumi up` waits for a Job: whether the Job ends (and says why) before the
-engine stops waiting for it. Same form as `readiness.Rule`, applied beside `readiness.RULES`."""
+engine stops waiting for it."""
 
 from __future__ import annotations
 
 import re
 
 from trainyard.plan.pods import lookup
-from trainyard.plan.readiness import Moment, Rule
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.resource_types import JOB
+from trainyard.plan.rules.base import Moment, of_type, rule
 
-JOB = "kubernetes:batch/v1:Job"
 SKIP_AWAIT = "pulumi.com/skipAwait"
 # pulumi-kubernetes awaits a Job until it completes, 10 minutes unless customTimeouts.create says otherwise
 # (pulumi/pulumi-kubernetes provider/pkg/await/job.go DefaultJobTimeoutMins, v4.32.0, the newest stored).
@@ -29,6 +29,8 @@ def duration_seconds(value: str) -> float | None:
 # A Job that may run until its activeDeadlineSeconds outlasts the engine's await: `pulumi up` then fails with the
 # provider's generic await timeout while the Job is still running, and the reason its pod reports when it ends
 # (what the Job exists to say) comes after `pulumi up` stopped listening.
+@rule("job-ends-before-its-await", of_type(JOB),
+      "pulumi/pulumi-kubernetes provider/pkg/await/job.go DefaultJobTimeoutMins (v4.32.0)")
 def job_ends_before_its_await(record: ResourceRecord, _moment: Moment) -> str | None:
     if str(lookup(record.inputs, f"metadata.annotations.{SKIP_AWAIT}", "")).lower() == "true":
         return None
@@ -43,13 +45,3 @@ def job_ends_before_its_await(record: ResourceRecord, _moment: Moment) -> str | 
     return (f"pulumi up stops waiting for the Job after {int(seconds)} s ({said}), before its activeDeadlineSeconds "
             f"{deadline}: it fails with a generic await timeout while the Job still runs, and the Job's own reason "
             "comes too late; set customTimeouts.create above the deadline")
-
-
-def _is_job(record: ResourceRecord) -> bool:
-    return record.type == JOB
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("job-ends-before-its-await", _is_job, job_ends_before_its_await,
-         "pulumi/pulumi-kubernetes provider/pkg/await/job.go DefaultJobTimeoutMins (v4.32.0)"),
-)

@@ -35,8 +35,9 @@ import yaml
 from trainyard.cloud.userdata import NODECONFIG_CONTENT_TYPE
 from trainyard.plan.cluster_model import InstanceOffer, Pool, admits, quantity, short_resources
 from trainyard.plan.pods import lookup, pod_needs
-from trainyard.plan.readiness import VOLCANO_JOB, Moment, Rule, pool_records, ready_pools
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.resource_types import VOLCANO_JOB
+from trainyard.plan.rules.base import Moment, of_type, pool_records, ready_pools, rule
 
 Mask = frozenset[int]
 ALIGNING_POLICIES = ("restricted", "single-numa-node")
@@ -222,11 +223,7 @@ def _refusals(record: ResourceRecord, moment: Moment) -> Iterator[str]:
                                    "its Volcano job")
 
 
+@rule("kubelet-admits-pod", of_type(VOLCANO_JOB),
+      "kubernetes pkg/kubelet/cm/topologymanager policy.go, policy_restricted.go; cpumanager, devicemanager hints")
 def kubelet_admits_pod(record: ResourceRecord, moment: Moment) -> str | None:
     return next(_refusals(record, moment), None)
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("kubelet-admits-pod", lambda record: record.type == VOLCANO_JOB, kubelet_admits_pod,
-         "kubernetes pkg/kubelet/cm/topologymanager policy.go, policy_restricted.go; cpumanager, devicemanager hints"),
-)

@@ -1,7 +1,7 @@
 """Node lifecycle rules: whether what Karpenter launches stays bounded, in number and in time.
 
-They have the readiness rules' form (`readiness.Rule`, a pure `(record, moment) -> problem or None`) and run in the
-same rehearsal; they differ only in what they protect: not convergence of `pulumi up`, but the bill after it.
+They have the readiness rules' form (`rules.base.rule`, a pure `(record, moment) -> problem or None`) and run in
+the same rehearsal; they differ only in what they protect: not convergence of `pulumi up`, but the bill after it.
 """
 
 from __future__ import annotations
@@ -11,23 +11,20 @@ from typing import Any
 
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
+from trainyard.names import CILIUM_AGENT_NOT_READY_TAINT_KEY, MIG_CONFIG_LABEL
 from trainyard.plan.cluster_model import can_launch, can_run_now
-from trainyard.plan.cluster_state import CILIUM_AGENT_NOT_READY, NODE_POOL
 from trainyard.plan.pods import lookup, pod_needs
-from trainyard.plan.readiness import Moment, Rule, ready_pools
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.resource_types import CLUSTER_ROLE, CLUSTER_ROLE_BINDING, CRON_JOB, NODE_POOL
+from trainyard.plan.rules.base import Moment, of_type, ready_pools, rule
+from trainyard.plan.rules.gpu import WHOLE_GPU
 
-CRON_JOB = "kubernetes:batch/v1:CronJob"
-CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
-CLUSTER_ROLE_BINDING = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 # Resources every initialized node still reports as it did at launch. `nodes`: Karpenter counts each state node
 # as one (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/state/statenode.go Capacity).
 STEADY_RESOURCES = frozenset({"nodes", "cpu", "memory", "pods", "ephemeral-storage"})
-WHOLE_GPU = "nvidia.com/gpu"
 # Removed by the Cilium operator once the agent runs (operator.removeNodeTaints); a node whose agent never runs
 # stays NotReady, which Karpenter's node repair acts on (its Ready policy), so it is no stranding gate here.
-CILIUM_STARTUP_TAINT = CILIUM_AGENT_NOT_READY
+CILIUM_STARTUP_TAINT = CILIUM_AGENT_NOT_READY_TAINT_KEY
 
 
 def _partitioned(record: ResourceRecord) -> bool:
@@ -47,6 +44,8 @@ def _partitioned(record: ResourceRecord) -> bool:
 # reports, not the NodeClaim's (kubernetes-sigs/karpenter v1.14.1 statenode.go Capacity, provisioner.go
 # Limits.ExceededBy): a limit bounds only on a resource initialized nodes still report. Under the device plugin's
 # mixed MIG strategy a partitioned GPU is advertised as nvidia.com/mig-*, so nvidia.com/gpu stops counting there.
+@rule("pool-limits-bound", of_type(NODE_POOL),
+      "kubernetes-sigs/karpenter v1.14.1 statenode.go Capacity, NodePool limits; device plugin mixed MIG strategy")
 def pool_limits_bound(record: ResourceRecord, moment: Moment) -> str | None:
     limits = lookup(record.inputs, "spec.limits", {}) or {}
     if not limits:  # unbounded by choice: nothing that stops counting
@@ -92,6 +91,8 @@ def _gates(record: ResourceRecord) -> list[str]:
 # isn't initialized"); liveness has launch and registration timeouts only (nodeclaim/lifecycle/liveness.go) and
 # node repair acts on node conditions, not taints (node/health/controller.go). Only expiry (expireAfter) or
 # something that deletes the NodeClaim ends such a node's bill.
+@rule("stranded-nodes-reclaimed", of_type(NODE_POOL),
+      "kubernetes-sigs/karpenter v1.14.1 statenode.go ValidateNodeDisruptable, nodeclaim/lifecycle/liveness.go")
 def stranded_nodes_reclaimed(record: ResourceRecord, moment: Moment) -> str | None:
     gates = _gates(record)
     expire = lookup(record.inputs, "spec.template.spec.expireAfter", "720h")
@@ -105,15 +106,3 @@ def stranded_nodes_reclaimed(record: ResourceRecord, moment: Moment) -> str | No
     return (f"a node held by its startup taint {', '.join(gates)} is never initialized, so Karpenter never disrupts "
             "it, and with expireAfter Never nothing ends it: no CronJob that may delete karpenter.sh nodeclaims runs "
             "in the cluster (it bills until someone deletes it)")
-
-
-def _is_node_pool(record: ResourceRecord) -> bool:
-    return record.type == NODE_POOL
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("pool-limits-bound", _is_node_pool, pool_limits_bound,
-         "kubernetes-sigs/karpenter v1.14.1 statenode.go Capacity, NodePool limits; device plugin mixed MIG strategy"),
-    Rule("stranded-nodes-reclaimed", _is_node_pool, stranded_nodes_reclaimed,
-         "kubernetes-sigs/karpenter v1.14.1 statenode.go ValidateNodeDisruptable, nodeclaim/lifecycle/liveness.go"),
-)

@@ -1,5 +1,5 @@
 """The rehearsal's rule on EFA node classes under Cilium's ENI IPAM: which interfaces a node gets, and which of
-them Cilium hands to pods. Same form as `readiness.Rule`, applied beside `readiness.RULES`."""
+them Cilium hands to pods."""
 
 from __future__ import annotations
 
@@ -8,19 +8,14 @@ from typing import Any
 
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.cluster_model import label_mismatch
-from trainyard.plan.cluster_state import NODE_CLASS, NODE_POOL, RELEASE
 from trainyard.plan.pods import lookup
-from trainyard.plan.readiness import VOLCANO_JOB, Moment, Rule, task_pods
 from trainyard.plan.recording import ResourceRecord
-from trainyard.plan.rendering import chart_name
+from trainyard.plan.resource_types import NODE_CLASS, NODE_POOL, VOLCANO_JOB
+from trainyard.plan.rules.base import Moment, of_type, rule
+from trainyard.plan.volcano_jobs import task_pods
 
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 EFA_ONLY = "efa-only"
-
-
-def _cilium_eni(moment: Moment) -> bool:
-    return any(r.type == RELEASE and chart_name(str(r.inputs.get("chart"))) == "cilium"
-               and lookup(r.inputs, "values.ipam.mode") == "eni" for r in moment.records.values())
 
 
 def _efa_pools(node_class: str, moment: Moment) -> list[str]:
@@ -54,9 +49,11 @@ def _ip_interfaces(interfaces: list[Mapping[str, Any]]) -> list[str]:
 # to pods, and pod-to-pod traffic breaks past two EFA devices (cilium/cilium issue 42600). `efa-only` interfaces
 # carry no IP, so Cilium never lists them, and Karpenter counts them as the node's EFA devices (instancetype
 # types.go efas).
+@rule("efa-interfaces-ip-less", of_type(NODE_CLASS),
+      "aws/karpenter-provider-aws v1.14.1 launchtemplate.go; cilium pkg/aws/ec2/ec2.go; cilium/cilium 42600")
 def efa_interfaces_ip_less(record: ResourceRecord, moment: Moment) -> str | None:
     name = str(lookup(record.inputs, "metadata.name"))
-    pools = _efa_pools(name, moment) if _cilium_eni(moment) else []
+    pools = _efa_pools(name, moment) if moment.after.ipam == "eni" else []
     if not pools:
         return None
     interfaces = list(lookup(record.inputs, "spec.networkInterfaces", ()) or ())
@@ -75,13 +72,3 @@ def efa_interfaces_ip_less(record: ResourceRecord, moment: Moment) -> str | None
                         f"only efa-only interfaces as {EFA_RESOURCE}, so the nodes offer fewer EFA devices than "
                         "the instance has cards")
     return None
-
-
-def _is_node_class(record: ResourceRecord) -> bool:
-    return record.type == NODE_CLASS
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("efa-interfaces-ip-less", _is_node_class, efa_interfaces_ip_less,
-         "aws/karpenter-provider-aws v1.14.1 launchtemplate.go; cilium pkg/aws/ec2/ec2.go; cilium/cilium 42600"),
-)
