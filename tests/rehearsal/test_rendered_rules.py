@@ -338,3 +338,18 @@ def test_a_dataset_without_its_runtime_is_named() -> None:
                      "dataset-chain")
     assert findings and all("has no AlluxioRuntime of its name, so Fluid never binds it" in f.problem
                             for f in findings)
+
+
+
+def test_the_cni_taint_stays_when_its_operator_may_not_patch_nodes() -> None:
+    """With operator.removeNodeTaints false the cilium 1.20.0 chart leaves remove-cilium-node-taints out of
+    cilium-config (the operator's default is true) but grants the operator no `patch nodes`: the agent-not-ready
+    startup taint stays on every Karpenter node, and the rule says so (it once read the ConfigMap alone)."""
+    fleet = owned("fleet")
+    pools = {str(r.inputs["metadata"]["name"]) for r in fleet.resources if r.type.endswith(":NodePool")
+             and any(t.get("key") == "node.cilium.io/agent-not-ready"
+                     for t in r.inputs["spec"]["template"]["spec"].get("startupTaints") or ())}
+    findings = found(edited(fleet, release_of("cilium"), _operator(removeNodeTaints=False)), "startup-taints-removable")
+    named = {f.problem.split("lands on a new ", 1)[1].split(" node:")[0] for f in findings
+             if "removes its startup taint node.cilium.io/agent-not-ready" in f.problem}
+    assert pools and named == pools
