@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from trainyard.config import Settings
+from trainyard.config.load import decode_value
 from trainyard.plan.runtime import STACKS_DIR, StackFile, available_stacks, read_stack, settings_of
 
 OWNED_STACKS = Path(__file__).resolve().parent / "fixtures" / "stacks"
@@ -28,6 +29,11 @@ def stack_file(stack: Stack) -> StackFile:
 @cache
 def stack_settings(stack: Stack) -> Settings:
     return settings_of(stack_file(stack))
+
+
+def stack_raw(stack: Stack) -> dict[str, Any]:
+    """The stack's project values without the `trainyard:` prefix, decoded: a fresh copy for a test to edit."""
+    return {k.split(":", 1)[1]: decode_value(v) for k, v in stack_file(stack).values.items()}
 
 
 def sample_stacks() -> list[Stack]:

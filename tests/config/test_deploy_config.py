@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, Stack, stack_raw, stacks_where
 from trainyard.config import ConfigError
-from trainyard.config.load import decode_value, parse_settings
-from trainyard.plan.runtime import PROJECT, available_stacks, read_stack, settings_of
+from trainyard.config.load import parse_settings
+from trainyard.plan.runtime import PROJECT
 
-AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
-
-
-def _raw(stack: str) -> dict[str, Any]:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
+# The tests' fleet, then every AWS stack stacks/ holds; the refusals edit the fleet (environment prod).
+AWS = stacks_where(lambda s: s.is_aws)
 
 
 def _problems(stack: str, raw: dict[str, Any]) -> list[str]:
@@ -23,9 +20,15 @@ def _problems(stack: str, raw: dict[str, Any]) -> list[str]:
     return [line.removeprefix("  - ") for line in str(caught.value).splitlines() if line.startswith("  - ")]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_aws_stack_names_its_deploy_role_and_api_path(stack: str) -> None:
-    settings = parse_settings(PROJECT, stack, _raw(stack))
+def _outside_prod() -> dict[str, Any]:
+    raw = stack_raw(FLEET)
+    raw["environment"] = "staging"
+    return raw
+
+
+@pytest.mark.parametrize("stack", AWS)
+def test_every_aws_stack_names_its_deploy_role_and_api_path(stack: Stack) -> None:
+    settings = parse_settings(PROJECT, stack[0], stack_raw(stack))
     assert settings.deploy is not None
     assert settings.deploy.role_arn.startswith("arn:aws:iam::") and ":role/" in settings.deploy.role_arn
     if settings.deploy.api_access == "public":
@@ -35,23 +38,23 @@ def test_every_aws_stack_names_its_deploy_role_and_api_path(stack: str) -> None:
 
 
 @pytest.mark.parametrize("placeholder", ["203.0.113.0/24", "198.51.100.0/24", "192.0.2.0/24", "203.0.113.8/29"])
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_documentation_ranges_are_refused(stack: str, placeholder: str) -> None:
-    raw = _raw(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_documentation_ranges_are_refused(stack: Stack, placeholder: str) -> None:
+    raw = stack_raw(stack)
     raw["network"]["publicAccessCidrs"] = [placeholder]
-    problems = _problems(stack, raw)
+    problems = _problems(stack[0], raw)
     assert any(p.startswith("trainyard:network.publicAccessCidrs[0]:") and "RFC 5737" in p for p in problems)
 
 
 def test_open_endpoint_needs_an_explicit_yes_outside_prod() -> None:
-    raw = _raw("dev")
+    raw = _outside_prod()
     raw["network"]["publicAccessCidrs"] = ["0.0.0.0/0"]
-    assert any("allowAnyPublicAccess" in p for p in _problems("dev", raw))
+    assert any("allowAnyPublicAccess" in p for p in _problems("fleet", raw))
     raw["network"]["allowAnyPublicAccess"] = True
-    parse_settings(PROJECT, "dev", raw)
-    prod = _raw("prod")
+    parse_settings(PROJECT, "fleet", raw)
+    prod = stack_raw(FLEET)
     prod["network"].update(publicAccessCidrs=["0.0.0.0/0"], allowAnyPublicAccess=True)
-    assert any("prod may not open" in p for p in _problems("prod", prod))
+    assert any("prod may not open" in p for p in _problems("fleet", prod))
 
 
 @pytest.mark.parametrize(("change", "path", "fragment"), [
@@ -68,19 +71,19 @@ def test_open_endpoint_needs_an_explicit_yes_outside_prod() -> None:
 ], ids=["missing", "public-without-cidrs", "private-with-public", "private-without-runner", "runner-on-public",
         "not-a-role", "also-admin"])
 def test_deploy_problems_name_their_key(change: Any, path: str, fragment: str) -> None:
-    raw = copy.deepcopy(_raw("prod"))
+    raw = stack_raw(FLEET)
     change(raw)
-    problems = _problems("prod", raw)
+    problems = _problems("fleet", raw)
     assert any(p.startswith(f"{path}:") and fragment in p for p in problems), problems
 
 
 def test_private_access_is_a_valid_choice() -> None:
-    raw = _raw("staging")
+    raw = stack_raw(FLEET)
     raw["network"]["publicAccessCidrs"] = []
     raw["deploy"].update(apiAccess="private", runnerCidrs=["10.200.0.0/24"],
                          runner={"labels": ["self-hosted", "linux", "trainyard-vpc"]})
     raw["deploy"].pop("preview", None)
-    settings = parse_settings(PROJECT, "staging", raw)
+    settings = parse_settings(PROJECT, "fleet", raw)
     assert settings.deploy is not None and settings.deploy.runner_cidrs == ["10.200.0.0/24"]
 
 
@@ -117,9 +120,9 @@ def _private(raw: dict[str, Any]) -> None:
 ], ids=["missing", "standard", "latest", "standard-arm", "larger-on-private", "standard-on-private",
         "preview-standard", "bad-label", "no-label", "bad-repository"])
 def test_a_runner_that_cannot_reach_the_endpoint_is_refused(change: Any, path: str, fragment: str) -> None:
-    raw = copy.deepcopy(_raw("prod"))
+    raw = stack_raw(FLEET)
     change(raw)
-    problems = _problems("prod", raw)
+    problems = _problems("fleet", raw)
     assert any(p.startswith(f"{path}:") and fragment in p for p in problems), problems
 
 
@@ -127,14 +130,14 @@ def test_runners_that_reach_the_endpoint_are_accepted() -> None:
     # A larger runner (an organisation's label, or a group) on the public endpoint; a self-hosted runner on either.
     for runner in ({"labels": ["linux-16-core-static"]}, {"group": "deployers", "labels": ["linux"]},
                    {"labels": ["self-hosted", "linux"]}):
-        raw = copy.deepcopy(_raw("prod"))
+        raw = stack_raw(FLEET)
         raw["deploy"]["runner"] = runner
-        parse_settings(PROJECT, "prod", raw)
+        parse_settings(PROJECT, "fleet", raw)
     # A standard hosted runner reaches an endpoint open to everyone (outside prod, said explicitly).
-    raw = copy.deepcopy(_raw("dev"))
+    raw = _outside_prod()
     raw["deploy"]["runner"] = {"labels": ["ubuntu-24.04"]}
     raw["network"].update(publicAccessCidrs=["0.0.0.0/0"], allowAnyPublicAccess=True)
-    parse_settings(PROJECT, "dev", raw)
+    parse_settings(PROJECT, "fleet", raw)
     # However the list spells "everyone" (review finding 8: the union, as every exposure rule judges it).
     raw["network"]["publicAccessCidrs"] = ["0.0.0.0/1", "128.0.0.0/1"]
-    parse_settings(PROJECT, "dev", raw)
+    parse_settings(PROJECT, "fleet", raw)

@@ -8,25 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from owned_stacks import FLEET, stack_raw
 from trainyard.config import ConfigError, rules
-from trainyard.config.load import decode_value, parse_settings, platform_namespaces
+from trainyard.config.load import parse_settings, platform_namespaces
 from trainyard.config.mig import load_mig_catalog
 from trainyard.paths import TRAINER_CONFIGS_DIR
-from trainyard.plan.runtime import PROJECT, read_stack
+from trainyard.plan.runtime import PROJECT
 
 Raw = dict[str, Any]
 
 
-def _raw(stack: str) -> Raw:
-    return {k.split(":", 1)[1]: decode_value(v) for k, v in read_stack(stack).values.items()}
-
-
 @pytest.fixture(scope="module")
-def prod() -> Raw:
-    return _raw("prod")
+def fleet() -> Raw:
+    """The tests' own prod-environment stack: the cases below name its pools, tenants and jobs by index."""
+    return stack_raw(FLEET)
 
 
-def _problems(raw: Raw, stack: str = "prod", aws_region: str | None = None) -> list[str]:
+def _problems(raw: Raw, stack: str = "fleet", aws_region: str | None = None) -> list[str]:
     try:
         parse_settings(PROJECT, stack, raw, aws_region=aws_region)
     except ConfigError as error:
@@ -50,7 +48,15 @@ def _at(section: str, key: str, value: Any) -> Callable[[Raw], None]:
     return lambda raw: raw.setdefault(section, {}).__setitem__(key, value)
 
 
-# (id, mutation of prod, key path named, fragment of the message)
+def _quota(**change: str) -> Callable[[Raw], None]:
+    """The first tenant's quota: its capability with `change` (the fleet's tenants set none)."""
+    def apply(raw: Raw) -> None:
+        tenant = raw["tenants"][0]
+        tenant["quota"] = {**tenant["capability"], **change}
+    return apply
+
+
+# (id, mutation of the fleet, key path named, fragment of the message)
 REFUSED: list[tuple[str, Callable[[Raw], None], str, str]] = [
     # 1. trainerConfig names a file of workloads/configs/, never a path.
     ("config-absolute", _job("trainerConfig", "/etc/os-release"), "workloads[0].trainerConfig", "no folders"),
@@ -106,11 +112,9 @@ REFUSED: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("tenant-in-data", _tenant(2, "namespace", "trainyard-data"), "tenants[2].namespace", "reserved"),
     ("tenant-named-gpu-operator", lambda r: r["tenants"][2].update(name="gpu-operator", namespace=None),
      "tenants[2].name", "reserved"),
-    ("quota-cpu-below", lambda r: r["tenants"][0]["quota"].update(cpu="100"), "tenants[0].quota.cpu", "below"),
-    ("quota-memory-below", lambda r: r["tenants"][0]["quota"].update(memory="1Ti"), "tenants[0].quota.memory",
-     "below"),
-    ("quota-memory-units", lambda r: r["tenants"][0]["quota"].update(memory="24000G"), "tenants[0].quota.memory",
-     "below"),
+    ("quota-cpu-below", _quota(cpu="100"), "tenants[0].quota.cpu", "below"),
+    ("quota-memory-below", _quota(memory="1Ti"), "tenants[0].quota.memory", "below"),
+    ("quota-memory-units", _quota(memory="24000G"), "tenants[0].quota.memory", "below"),
     # 7. confusing messages become clear ones.
     ("k8s-version-float-typo", _at("cluster", "kubernetesVersion", 1.3), "cluster.kubernetesVersion",
      "write the version quoted"),
@@ -118,8 +122,8 @@ REFUSED: list[tuple[str, Callable[[Raw], None], str, str]] = [
 
 
 @pytest.mark.parametrize(("mutate", "path", "fragment"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
-def test_refused_with_the_key_named(prod: Raw, mutate: Callable[[Raw], None], path: str, fragment: str) -> None:
-    raw = copy.deepcopy(prod)
+def test_refused_with_the_key_named(fleet: Raw, mutate: Callable[[Raw], None], path: str, fragment: str) -> None:
+    raw = copy.deepcopy(fleet)
     mutate(raw)
     lines = [line for line in _problems(raw) if line.startswith(f"  - trainyard:{path}")]
     assert lines, f"{path} not named in {_problems(raw)}"
@@ -130,18 +134,18 @@ def test_refused_with_the_key_named(prod: Raw, mutate: Callable[[Raw], None], pa
     ("Prod_EU", "lowercase"), ("prod.eu", "lowercase"), ("-prod", "lowercase"), ("x" * 45, "too long"),
     ("abcdefghijk", "EventBridge rule name"),
 ])
-def test_a_stack_name_that_makes_invalid_aws_names_is_refused(prod: Raw, stack: str, fragment: str) -> None:
-    lines = _problems(copy.deepcopy(prod), stack=stack)
+def test_a_stack_name_that_makes_invalid_aws_names_is_refused(fleet: Raw, stack: str, fragment: str) -> None:
+    lines = _problems(copy.deepcopy(fleet), stack=stack)
     assert any(line.startswith("  - (stack name):") and fragment in line for line in lines), lines
 
 
-def test_the_longest_accepted_stack_name_is_accepted(prod: Raw) -> None:
-    assert _problems(copy.deepcopy(prod), stack="a" * 10) == []
+def test_the_longest_accepted_stack_name_is_accepted(fleet: Raw) -> None:
+    assert _problems(copy.deepcopy(fleet), stack="a" * 10) == []
 
 
-def test_aws_region_must_agree_with_the_stack_region(prod: Raw) -> None:
-    assert _problems(copy.deepcopy(prod), aws_region="us-west-2") == []
-    lines = _problems(copy.deepcopy(prod), aws_region="us-east-1")
+def test_aws_region_must_agree_with_the_stack_region(fleet: Raw) -> None:
+    assert _problems(copy.deepcopy(fleet), aws_region="us-west-2") == []
+    lines = _problems(copy.deepcopy(fleet), aws_region="us-east-1")
     assert any("trainyard:aws.region" in line and "aws:region 'us-east-1'" in line for line in lines), lines
 
 
@@ -150,12 +154,12 @@ def test_platform_namespaces_come_from_the_catalogue() -> None:
     assert {"monitoring", "rook-ceph", "gpu-operator", "volcano-system", "trainyard-data"} <= taken
 
 
-def test_a_trainer_config_linking_out_of_the_folder_is_refused(tmp_path: Path, prod: Raw) -> None:
+def test_a_trainer_config_linking_out_of_the_folder_is_refused(tmp_path: Path, fleet: Raw) -> None:
     configs = tmp_path / "configs"
     configs.mkdir()
     (configs / "tiny.yaml").write_text("x: 1\n")
     (configs / "escape.yaml").symlink_to("/etc/os-release")
-    settings = parse_settings(PROJECT, "prod", _raw("prod"))
+    settings = parse_settings(PROJECT, "fleet", copy.deepcopy(fleet))
     job = settings.workloads[0].model_copy(update={"trainer_config": "escape.yaml"})
     problems = rules.check(settings.model_copy(update={"workloads": [job]}), load_mig_catalog(), configs)
     assert [p.path for p in problems if "escape.yaml" in p.message] == ["workloads[0].trainerConfig"]
@@ -192,10 +196,10 @@ ACCEPTED: list[tuple[str, Callable[[Raw], None], Callable[[Any], bool]]] = [
 
 
 @pytest.mark.parametrize(("mutate", "holds"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
-def test_accepted(prod: Raw, mutate: Callable[[Raw], None], holds: Callable[[Any], bool]) -> None:
-    raw = copy.deepcopy(prod)
+def test_accepted(fleet: Raw, mutate: Callable[[Raw], None], holds: Callable[[Any], bool]) -> None:
+    raw = copy.deepcopy(fleet)
     mutate(raw)
-    assert holds(parse_settings(PROJECT, "prod", raw))
+    assert holds(parse_settings(PROJECT, "fleet", raw))
 
 
 def test_every_case_class_has_several_cases() -> None:
