@@ -6,28 +6,32 @@ import json
 from typing import Any
 
 import pytest
-from aws_plan import AWS_STACKS, of_type, one, plan, policy_documents
+from aws_plan import of_type, one, plan, policy_documents
+from owned_stacks import FLEET, Stack, stack_file, stack_raw, stack_settings, stacks_where
 from trainyard.plan.placeholders import ACCOUNT
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import render
+
+# The tests' fleet, then every AWS stack of stacks/.
+AWS = stacks_where(lambda s: s.is_aws)
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_bucket_and_key_protected_and_retained(stack: str) -> None:
-    rec = plan(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_every_bucket_and_key_protected_and_retained(stack: Stack) -> None:
+    rec = plan(*stack)
     stateful = of_type(rec, "aws:s3/bucket:Bucket") + of_type(rec, "aws:kms/key:Key")
     # Two buckets, their two keys, the EKS secrets key, and the tracking database's key when MLflow is on.
-    assert len(stateful) == 5 + settings_of(read_stack(stack)).addons.mlflow.enabled
+    assert len(stateful) == 5 + stack_settings(stack).addons.mlflow.enabled
     for r in stateful:
         assert r.protect and r.retain_on_delete, r.name
 
 
-@pytest.mark.parametrize("stack", ["staging", "prod"])
-def test_bucket_configuration(stack: str) -> None:
-    rec = plan(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_bucket_configuration(stack: Stack) -> None:
+    rec = plan(*stack)
     buckets = {b.name: b.inputs for b in of_type(rec, "aws:s3/bucket:Bucket")}
     # S3 names are global: the account id keeps two accounts' stacks from colliding.
-    assert {b["bucket"] for b in buckets.values()} == {f"trainyard-{stack}-datasets-{ACCOUNT}",
-                                                       f"trainyard-{stack}-checkpoints-{ACCOUNT}"}
+    assert {b["bucket"] for b in buckets.values()} == {f"trainyard-{stack[0]}-datasets-{ACCOUNT}",
+                                                       f"trainyard-{stack[0]}-checkpoints-{ACCOUNT}"}
     for kind in ("datasets", "checkpoints"):
         bucket_id = f"{kind}-bucket-id"
 
@@ -53,15 +57,16 @@ def test_bucket_configuration(stack: str) -> None:
         rules = {r["id"]: r for r in lifecycle["rules"]}
         assert rules["abort-incomplete-multipart"]["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
         if kind == "checkpoints":
-            days = {"staging": 14, "prod": 30}[stack]
+            # The stack file's value, else 14 days (BucketSettings in config/model.py).
+            days = stack_raw(stack).get("buckets", {}).get("checkpointNoncurrentDays", 14)
             assert rules["expire-noncurrent-versions"]["noncurrentVersionExpiration"] == {"noncurrentDays": days}
         else:
             assert "expire-noncurrent-versions" not in rules
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
-    documents = list(policy_documents(plan(stack)))
+@pytest.mark.parametrize("stack", AWS)
+def test_no_wildcard_action_on_wildcard_resource(stack: Stack) -> None:
+    documents = list(policy_documents(plan(*stack)))
     assert len(documents) >= 10
     for record, doc in documents:
         for s in doc["Statement"]:
@@ -75,10 +80,10 @@ def test_no_wildcard_action_on_wildcard_resource(stack: str) -> None:
             assert not (wild_action and "*" in resources), f"{record.name}: {s}"
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_pod_identity_associations_use_shared_names(stack: str) -> None:
-    rec = plan(stack)
-    settings = settings_of(read_stack(stack))
+@pytest.mark.parametrize("stack", AWS)
+def test_pod_identity_associations_use_shared_names(stack: Stack) -> None:
+    rec = plan(*stack)
+    settings = stack_settings(stack)
     tenant_accounts = ["trainer", *(["workflow"] if settings.addons.argo_workflows.enabled else [])]
     pairs = {(a.inputs["namespace"], a.inputs["serviceAccount"])
              for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
@@ -95,7 +100,7 @@ def test_alluxio_gets_its_role_through_irsa_not_pod_identity() -> None:
     """Fluid 1.0.8's Alluxio image bundles an AWS Java SDK v1 older than 1.12.746, the first that reads Pod
     Identity credentials (EKS user guide, pod-id-minimum-sdk): its role is trusted for the dataset namespace's
     default account through the cluster's OIDC provider, audience sts.amazonaws.com."""
-    rec = plan("prod")
+    rec = plan(*FLEET)
     provider = one(rec, "aws:iam/openIdConnectProvider:OpenIdConnectProvider")
     assert provider.inputs["clientIdLists"] == ["sts.amazonaws.com"]
     role = one(rec, "aws:iam/role:Role", "alluxio-role")
@@ -109,7 +114,7 @@ def test_alluxio_gets_its_role_through_irsa_not_pod_identity() -> None:
 
 
 def test_alluxio_reads_only_the_dataset_prefix() -> None:
-    rec = plan("prod")
+    rec = plan(*FLEET)
     (policy,) = [json.loads(p.inputs["policy"]) for p in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
                  if p.name == "alluxio-policy"]
     actions = {a for s in policy["Statement"] for a in s["Action"]}
@@ -121,8 +126,9 @@ def test_alluxio_reads_only_the_dataset_prefix() -> None:
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["datasets/*"]}}
 
 
-def test_local_stack_creates_no_aws_resource() -> None:
-    rec = render(read_stack("local"))
+@pytest.mark.parametrize("stack", stacks_where(lambda s: not s.is_aws))
+def test_a_local_stack_creates_no_aws_resource(stack: Stack) -> None:
+    rec = render(stack_file(stack))
     assert rec.resources
     assert not [r.type for r in rec.resources if r.type.startswith("aws:") or r.type.startswith("pulumi:providers:aws")]
 
@@ -130,13 +136,13 @@ def test_local_stack_creates_no_aws_resource() -> None:
 NAMESPACE = "${aws:PrincipalTag/kubernetes-namespace}"
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_tenants_reach_only_their_own_checkpoint_prefix(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_tenants_reach_only_their_own_checkpoint_prefix(stack: Stack) -> None:
     """Issue 9 item 16: one trainer role, scoped per namespace by the Pod Identity session tag."""
-    rec = plan(stack)
+    rec = plan(*stack)
     (policy,) = [json.loads(p.inputs["policy"]) for p in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
                  if p.name == "trainer-policy"]
-    bucket = f"arn:aws:s3:::trainyard-{stack}-checkpoints-{ACCOUNT}"
+    bucket = f"arn:aws:s3:::trainyard-{stack[0]}-checkpoints-{ACCOUNT}"
     on_checkpoints = [s for s in policy["Statement"] if json.dumps(s["Resource"]).startswith(f'"{bucket}')]
     objects = [s for s in on_checkpoints if s["Resource"] != bucket]
     assert objects and all(s["Resource"] == f"{bucket}/{NAMESPACE}/*" for s in objects)
@@ -146,9 +152,9 @@ def test_tenants_reach_only_their_own_checkpoint_prefix(stack: str) -> None:
     assert not [s for s in on_checkpoints if "s3:ListBucketMultipartUploads" in s["Action"]]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_pod_identity_trust_names_cluster_namespace_and_account(stack: str) -> None:
-    rec = plan(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_pod_identity_trust_names_cluster_namespace_and_account(stack: Stack) -> None:
+    rec = plan(*stack)
     cluster_arn = ":" + one(rec, "aws:eks/cluster:Cluster").name  # the plan's placeholder ARN ends so
     by_parent: dict[str, set[tuple[str, str]]] = {}
     for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation"):
@@ -191,8 +197,8 @@ def _allowed(policy: dict[str, Any], action: str, resource_type: str, tags: dict
     return False
 
 
-def _cilium_policy(stack: str) -> dict[str, Any]:
-    role = one(plan(stack), "aws:iam/rolePolicy:RolePolicy", "cilium-operator-policy")
+def _cilium_policy(stack: Stack) -> dict[str, Any]:
+    role = one(plan(*stack), "aws:iam/rolePolicy:RolePolicy", "cilium-operator-policy")
     policy: dict[str, Any] = json.loads(role.inputs["policy"])
     return policy
 
@@ -201,11 +207,12 @@ MUTATIONS = ("ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface", "ec2:De
              "ec2:ModifyNetworkInterfaceAttribute", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses")
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_the_cilium_operator_changes_only_its_own_clusters_enis(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_the_cilium_operator_changes_only_its_own_clusters_enis(stack: Stack) -> None:
     # Stacks share an account and region (cloud/naming.py): dev's operator must not touch prod's ENIs.
     policy = _cilium_policy(stack)
-    own, other = {f"kubernetes.io/cluster/trainyard-{stack}": "owned"}, {"kubernetes.io/cluster/trainyard-x": "owned"}
+    own = {f"kubernetes.io/cluster/trainyard-{stack[0]}": "owned"}
+    other = {"kubernetes.io/cluster/trainyard-x": "owned"}
     for action in MUTATIONS:
         assert _allowed(policy, action, "network-interface", own), action
         assert not _allowed(policy, action, "network-interface", other), action
@@ -222,15 +229,15 @@ def test_the_cilium_operator_changes_only_its_own_clusters_enis(stack: str) -> N
     assert {"ec2:DescribeManagedPrefixLists", "ec2:GetManagedPrefixListEntries"} <= set(describe["Action"])
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_eni_the_operator_manages_carries_its_clusters_tag(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_every_eni_the_operator_manages_carries_its_clusters_tag(stack: Stack) -> None:
     """Managed nodes' primary ENIs and instances (launch templates), the ENIs Cilium creates (eniTags); Karpenter
     tags its launches kubernetes.io/cluster/<name>=owned itself (aws/karpenter-provider-aws v1.14.1
     pkg/utils/utils.go GetTags)."""
-    tag = (f"kubernetes.io/cluster/trainyard-{stack}", "owned")
-    for template in of_type(plan(stack), "aws:ec2/launchTemplate:LaunchTemplate"):
+    tag = (f"kubernetes.io/cluster/trainyard-{stack[0]}", "owned")
+    for template in of_type(plan(*stack), "aws:ec2/launchTemplate:LaunchTemplate"):
         specs = {s["resourceType"]: s["tags"] for s in template.inputs["tagSpecifications"]}
         assert tag in specs["network-interface"].items() and tag in specs["instance"].items(), template.name
-    cilium = next(r for r in render(read_stack(stack)).resources if r.type == "kubernetes:helm.sh/v3:Release"
+    cilium = next(r for r in render(stack_file(stack)).resources if r.type == "kubernetes:helm.sh/v3:Release"
                   and str(r.inputs["chart"]).endswith("cilium"))
     assert cilium.inputs["values"]["eni"]["eniTags"] == dict([tag])

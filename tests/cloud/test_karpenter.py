@@ -6,20 +6,24 @@ import json
 from typing import Any
 
 import pytest
-from aws_plan import AWS_STACKS, by_urn, of_type, one, plan
+from aws_plan import by_urn, cloud_and_karpenter, of_type, one, plan
+from owned_stacks import FLEET, Stack, stack_file, stack_raw, stack_settings, stacks_where
 from trainyard.cloud.karpenter import INTERRUPTION_EVENTS
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.model import Settings
 from trainyard.config.releases import KUBERNETES_RELEASES
 from trainyard.plan.conformance import upstream_dir
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import StackFile, render, settings_of
 
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODE_OVERLAY = "kubernetes:karpenter.sh/v1alpha1:NodeOverlay"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 CRDS = upstream_dir() / "crds"
+# The tests' fleet, then every AWS stack of stacks/.
+AWS = stacks_where(lambda s: s.is_aws)
 
 
 def _schema(group: str, kind: str) -> dict[str, Any]:
@@ -27,46 +31,52 @@ def _schema(group: str, kind: str) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def _settings(stack: str) -> Settings:
-    return settings_of(read_stack(stack))
+def _crs(rec: Recording, type_: str) -> dict[str, Any]:
+    return {r.inputs["metadata"]["name"]: r for r in of_type(rec, type_)}
 
 
-def _crs(stack: str, type_: str) -> dict[str, Any]:
-    return {r.inputs["metadata"]["name"]: r for r in of_type(plan(stack), type_)}
-
-
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_crs_validate_against_upstream_schemas(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_crs_validate_against_upstream_schemas(stack: Stack) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     for type_, group, kind in ((NODE_CLASS, "karpenter.k8s.aws", "ec2nodeclass"),
                                (NODE_POOL, "karpenter.sh", "nodepool")):
         validator = jsonschema.Draft202012Validator(_schema(group, kind))
-        crs = of_type(plan(stack), type_)
-        assert crs, f"no {kind} in {stack}"
+        crs = of_type(plan(*stack), type_)
+        assert crs, f"no {kind} in {stack[0]}"
         for cr in crs:
             body = {k: v for k, v in cr.inputs.items() if k in ("apiVersion", "kind", "metadata", "spec")}
             errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
             assert not errors, f"{cr.name}: {errors}"
     # The validator does bite: a spec Karpenter would reject is caught.
-    pool = of_type(plan(stack), NODE_POOL)[0].inputs
+    pool = of_type(plan(*stack), NODE_POOL)[0].inputs
     broken = {**pool, "spec": {**pool["spec"], "disruption": {"consolidationPolicy": "Never"}}}
     validator = jsonschema.Draft202012Validator(_schema("karpenter.sh", "nodepool"))
     assert any("Never" in e.message for e in validator.iter_errors(
         {k: broken[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_one_node_class_and_pool_per_gpu_pool(stack: str) -> None:
-    gpu_pools = {pool.name for pool in _settings(stack).pools("gpu")}
-    assert set(_crs(stack, NODE_POOL)) == gpu_pools
-    assert set(_crs(stack, NODE_CLASS)) == gpu_pools
+@pytest.mark.parametrize("stack", AWS)
+def test_one_node_class_and_pool_per_gpu_pool(stack: Stack) -> None:
+    gpu_pools = {pool.name for pool in stack_settings(stack).pools("gpu")}
+    assert set(_crs(plan(*stack), NODE_POOL)) == gpu_pools
+    assert set(_crs(plan(*stack), NODE_CLASS)) == gpu_pools
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_reserved_pools_select_their_reservations_by_id(stack: str) -> None:
+def _fleet_with_a_block() -> StackFile:
+    """The tests' fleet with its first on-demand EFA pool launching into a Capacity Block (placeholder id and fee)."""
+    pools = stack_raw(FLEET)["nodePools"]
+    pool = next(p for p in pools if p["role"] == "gpu" and p.get("efa") and p.get("capacityTypes") == ["on-demand"])
+    block = {"id": "cr-0123456789abcdef0", "type": "capacity-block", "instanceType": pool["instanceTypes"][0],
+             "zone": pool["zones"][0], "instanceCount": pool["maxSize"], "upfrontFeeUsd": 1000.0, "durationHours": 24}
+    pool.update(capacityTypes=["reserved"], placementGroup=False, capacityReservations=[block])
+    file = stack_file(FLEET)
+    return StackFile(file.stack, {**file.values, "trainyard:nodePools": json.dumps(pools)}, file.secret_keys)
+
+
+def _assert_reservations_selected(rec: Recording, settings: Settings) -> None:
     """Karpenter launches `reserved` nodes only into reservations its node class selects (odcrs.md @v1.14.1)."""
-    classes, pools = _crs(stack, NODE_CLASS), _crs(stack, NODE_POOL)
-    for pool in settings_of(read_stack(stack)).pools("gpu"):
+    classes, pools = _crs(rec, NODE_CLASS), _crs(rec, NODE_POOL)
+    for pool in settings.pools("gpu"):
         terms = classes[pool.name].inputs["spec"].get("capacityReservationSelectorTerms")
         template = pools[pool.name].inputs["spec"]["template"]
         requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
@@ -77,10 +87,22 @@ def test_reserved_pools_select_their_reservations_by_id(stack: str) -> None:
             assert terms is None and "reserved" not in requirements["karpenter.sh/capacity-type"]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_node_pool_content(stack: str) -> None:
-    settings = _settings(stack)
-    crs = _crs(stack, NODE_POOL)
+@pytest.mark.parametrize("stack", AWS)
+def test_reserved_pools_select_their_reservations_by_id(stack: Stack) -> None:
+    _assert_reservations_selected(plan(*stack), stack_settings(stack))
+
+
+def test_a_capacity_block_pool_selects_its_block() -> None:
+    file = _fleet_with_a_block()
+    settings = settings_of(file)
+    assert any(pool.capacity_reservations for pool in settings.pools("gpu"))
+    _assert_reservations_selected(render(file, cloud_and_karpenter), settings)
+
+
+@pytest.mark.parametrize("stack", AWS)
+def test_node_pool_content(stack: Stack) -> None:
+    settings = stack_settings(stack)
+    crs = _crs(plan(*stack), NODE_POOL)
     for pool in settings.pools("gpu"):
         types = [INSTANCE_TYPES[name] for name in pool.instance_types]
         spec = crs[pool.name].inputs["spec"]
@@ -107,13 +129,13 @@ def test_node_pool_content(stack: str) -> None:
         assert reqs["topology.kubernetes.io/zone"] == (pool.zones or settings.aws.availability_zones)
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_every_pool_is_bounded_by_what_its_initialized_nodes_still_report(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_every_pool_is_bounded_by_what_its_initialized_nodes_still_report(stack: Stack) -> None:
     # Karpenter counts an initialized node at the node's own capacity (kubernetes-sigs/karpenter v1.14.1
     # statenode.go Capacity); a MIG-partitioned node reports nvidia.com/mig-*, not nvidia.com/gpu, so only a
     # `nodes` limit (one per state node) bounds a MIG pool.
-    settings = settings_of(read_stack(stack))
-    pools = _crs(stack, NODE_POOL)
+    settings = stack_settings(stack)
+    pools = _crs(plan(*stack), NODE_POOL)
     for pool in settings.pools("gpu"):
         limits = pools[pool.name].inputs["spec"]["limits"]
         assert limits["nodes"] == str(pool.max_size), pool.name
@@ -121,9 +143,9 @@ def test_every_pool_is_bounded_by_what_its_initialized_nodes_still_report(stack:
             assert "nvidia.com/gpu" not in limits, pool.name
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_node_pools_never_consolidate_busy_nodes(stack: str) -> None:
-    for cr in _crs(stack, NODE_POOL).values():
+@pytest.mark.parametrize("stack", AWS)
+def test_node_pools_never_consolidate_busy_nodes(stack: Stack) -> None:
+    for cr in _crs(plan(*stack), NODE_POOL).values():
         disruption = cr.inputs["spec"]["disruption"]
         assert disruption["consolidationPolicy"] == "WhenEmpty"
         assert disruption["consolidateAfter"] == "10m"
@@ -131,49 +153,49 @@ def test_node_pools_never_consolidate_busy_nodes(stack: str) -> None:
         assert blocked and {"Underutilized", "Drifted"} <= set(blocked[0]["reasons"])
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_node_class_content(stack: str) -> None:
-    settings = _settings(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_node_class_content(stack: Stack) -> None:
+    settings = stack_settings(stack)
     release = KUBERNETES_RELEASES[settings.cluster.kubernetes_version]
-    classes = _crs(stack, NODE_CLASS)
+    classes = _crs(plan(*stack), NODE_CLASS)
     for pool in settings.pools("gpu"):
         spec = classes[pool.name].inputs["spec"]
         assert spec["amiSelectorTerms"] == [{"alias": release.karpenter_ami_alias}]
-        assert spec["role"] == f"trainyard-{stack}-karpenter-node"
-        assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack}"}}]
-        assert spec["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack}"}}]
+        assert spec["role"] == f"trainyard-{stack[0]}-karpenter-node"
+        assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack[0]}"}}]
+        assert spec["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": f"trainyard-{stack[0]}"}}]
         assert spec["userData"] == render_user_data(NodeRole.GPU)
         assert spec["metadataOptions"]["httpTokens"] == "required"
         assert spec["blockDeviceMappings"] == [{"deviceName": "/dev/xvda", "rootVolume": True, "ebs": {
             "volumeSize": f"{pool.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True,
             "deleteOnTermination": True}}]
-        placement = {"name": f"trainyard-{stack}-{pool.name}"} if pool.placement_group else None
+        placement = {"name": f"trainyard-{stack[0]}-{pool.name}"} if pool.placement_group else None
         assert spec.get("placementGroupSelector") == placement
 
 
-@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_crs_outlive_nothing_but_depend_on_the_release(stack: str) -> None:
-    rec = plan(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_crs_outlive_nothing_but_depend_on_the_release(stack: Stack) -> None:
+    rec = plan(*stack)
     cluster = one(rec, "aws:eks/cluster:Cluster")
     release = one(rec, RELEASE)
     assert release.deleted_with == cluster.urn
-    assert release.inputs["values"]["settings"] == {"clusterName": f"trainyard-{stack}",
-                                                    "interruptionQueue": f"trainyard-{stack}-karpenter",
+    assert release.inputs["values"]["settings"] == {"clusterName": f"trainyard-{stack[0]}",
+                                                    "interruptionQueue": f"trainyard-{stack[0]}-karpenter",
                                                     "featureGates": {"nodeOverlay": True, "nodeRepair": True}}
     assert release.inputs["version"] == "1.14.1"
     for cr in of_type(rec, NODE_CLASS) + of_type(rec, NODE_POOL) + of_type(rec, NODE_OVERLAY):
         assert cr.deleted_with is None, f"{cr.name} would be skipped on destroy and orphan its instances"
         assert release.urn in cr.depends_on
     for pool in of_type(rec, NODE_POOL):
-        node_class = _crs(stack, NODE_CLASS)[pool.inputs["metadata"]["name"]]
+        node_class = _crs(plan(*stack), NODE_CLASS)[pool.inputs["metadata"]["name"]]
         assert node_class.urn in pool.depends_on
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_aws_side(stack: str) -> None:
-    rec = plan(stack)
+@pytest.mark.parametrize("stack", AWS)
+def test_aws_side(stack: Stack) -> None:
+    rec = plan(*stack)
     queue = one(rec, "aws:sqs/queue:Queue")
-    assert queue.inputs["name"] == f"trainyard-{stack}-karpenter"
+    assert queue.inputs["name"] == f"trainyard-{stack[0]}-karpenter"
     assert queue.inputs["sqsManagedSseEnabled"] is True
     rules = of_type(rec, "aws:cloudwatch/eventRule:EventRule")
     patterns = {(p["source"][0], p["detail-type"][0]) for p in (json.loads(r.inputs["eventPattern"]) for r in rules)}
@@ -184,36 +206,36 @@ def test_aws_side(stack: str) -> None:
     assert {s["Effect"] for s in policy["Statement"]} == {"Allow", "Deny"}
     node_entries = [e for e in of_type(rec, "aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "EC2_LINUX"]
     assert [e.inputs["principalArn"] for e in node_entries] == [
-        f"arn:aws:iam::000000000000:role/trainyard-{stack}-karpenter-node"]
+        f"arn:aws:iam::000000000000:role/trainyard-{stack[0]}-karpenter-node"]
     groups = {g.inputs["name"]: g.inputs["strategy"] for g in of_type(rec, "aws:ec2/placementGroup:PlacementGroup")}
-    assert groups == {f"trainyard-{stack}-{pool.name}": "cluster" for pool in _settings(stack).pools("gpu")
+    assert groups == {f"trainyard-{stack[0]}-{pool.name}": "cluster" for pool in stack_settings(stack).pools("gpu")
                       if pool.placement_group}
     controller = [a for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
                   if a.inputs["serviceAccount"] == "karpenter"]
     assert [(a.inputs["namespace"], a.inputs["roleArn"]) for a in controller] == [
-        ("kube-system", f"arn:aws:iam::000000000000:role/trainyard-{stack}-karpenter-controller")]
+        ("kube-system", f"arn:aws:iam::000000000000:role/trainyard-{stack[0]}-karpenter-controller")]
 
 
 def test_controller_policy_is_scoped_to_the_cluster() -> None:
-    rec = plan("prod")
+    rec = plan(*FLEET)
     role_policy = next(p for p in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
                        if by_urn(rec, p.parent or "").name == "karpenter-controller")
     statements = {s["Sid"]: s for s in json.loads(role_policy.inputs["policy"])["Statement"]}
     for sid in ("AllowScopedEC2LaunchTemplateAccessActions", "AllowScopedDeletion", "AllowScopedResourceTagging"):
-        assert statements[sid]["Condition"]["StringEquals"]["aws:ResourceTag/kubernetes.io/cluster/trainyard-prod"] \
+        assert statements[sid]["Condition"]["StringEquals"]["aws:ResourceTag/kubernetes.io/cluster/trainyard-fleet"] \
             == "owned"
     assert statements["AllowPassingInstanceRole"]["Resource"] == \
-        "arn:aws:iam::000000000000:role/trainyard-prod-karpenter-node"
+        "arn:aws:iam::000000000000:role/trainyard-fleet-karpenter-node"
     assert statements["AllowAPIServerEndpointDiscovery"]["Resource"].endswith("eks-cluster")
     assert statements["AllowRegionalReadActions"]["Condition"] == {
         "StringEquals": {"aws:RequestedRegion": "us-west-2"}}
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: Stack) -> None:
     # Karpenter 1.14.1's reference policy has a ZonalShiftPolicy (arc-zonal-shift:GetManagedResource) that only
     # ENABLE_ZONAL_SHIFT uses (chart settings.enableZonalShift, default false); the controller role leaves it out.
-    rec = plan(stack)
+    rec = plan(*stack)
     values = one(rec, RELEASE).inputs["values"]
     policy = next(json.loads(r.inputs["policy"]) for r in of_type(rec, "aws:iam/rolePolicy:RolePolicy")
                   if r.name.startswith("karpenter-controller"))
@@ -222,16 +244,16 @@ def test_zonal_shift_stays_off_while_the_policy_lacks_its_statement(stack: str) 
     assert zonal_shift == any(a.startswith("arc-zonal-shift:") for a in actions)
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_efa_pools_give_pods_no_efa_interface_with_ips(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_efa_pools_give_pods_no_efa_interface_with_ips(stack: Stack) -> None:
     # Review finding 1 (issue 18 item 5 reversed): Cilium's ENI IPAM lists only ENIs with an IPv4 address (cilium
     # pkg/aws/ec2/ec2.go filter private-ip-address=*), so EFA goes on IP-less efa-only interfaces, one per network
     # card of every type of the pool, beside card 0's primary ENI; pools without EFA keep Karpenter's default.
-    cilium = next(r for r in render(read_stack(stack)).resources if r.type == RELEASE
+    cilium = next(r for r in render(stack_file(stack)).resources if r.type == RELEASE
                   and str(r.inputs["chart"]) == "cilium")
     assert cilium.inputs["values"]["ipam"]["mode"] == "eni"
-    settings = _settings(stack)
-    classes = _crs(stack, NODE_CLASS)
+    settings = stack_settings(stack)
+    classes = _crs(plan(*stack), NODE_CLASS)
     for pool in settings.pools("gpu"):
         interfaces = classes[pool.name].inputs["spec"].get("networkInterfaces")
         if not pool.efa:
