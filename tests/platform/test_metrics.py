@@ -12,44 +12,48 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import FLEET, LAPTOP, Stack, every_stack, stack_file, stack_settings
 from trainyard.catalogue.addons import MONITORING
 from trainyard.catalogue.charts import deep_merge
 from trainyard.config import Settings
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import StackFile, render, settings_of
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.addon import Addon
 from trainyard.platform.registry import load_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = load_registry(REPO_ROOT)
-STACKS = available_stacks()
+# The tests' own stacks, then every stack of stacks/.
+STACKS = every_stack()
 STACK_CHART = "kube-prometheus-stack"
-# Every stack turns monitoring on; an AWS and the local stack are also rendered with it off.
-CASES = [(stack, True) for stack in STACKS] + [("dev", False), ("local", False)]
+# Every stack as its file sets monitoring; the tests' AWS and local stacks are also rendered with it off.
+CASES = [*(pytest.param(p.values[0], stack_settings(p.values[0]).addons.monitoring.enabled, id=p.id) for p in STACKS),
+         pytest.param(FLEET, False, id="fleet-without-monitoring"),
+         pytest.param(LAPTOP, False, id="laptop-without-monitoring")]
 MONITOR_KINDS = ("serviceMonitor", "podMonitor", "prometheusRule")
 # `<one of these>.enabled` on (or a non-empty list of metrics) means the chart serves Prometheus metrics.
 METRICS_SWITCHES = ("prometheus", "monitoring", "metrics")
 
 
-def _stack(stack: str, monitoring: bool) -> StackFile:
-    base = read_stack(stack)
-    if monitoring:
+def _stack(stack: Stack, monitoring: bool) -> StackFile:
+    base = stack_file(stack)
+    if stack_settings(stack).addons.monitoring.enabled == monitoring:
         return base
     addons = json.loads(base.values.get("trainyard:addons", "{}"))
-    addons["monitoring"] = {**addons.get("monitoring", {}), "enabled": False}
+    addons["monitoring"] = {**addons.get("monitoring", {}), "enabled": monitoring}
     return dataclasses.replace(base, values={**base.values, "trainyard:addons": json.dumps(addons)})
 
 
 @cache
-def _recording(stack: str, monitoring: bool) -> Recording:
+def _recording(stack: Stack, monitoring: bool) -> Recording:
     return render(_stack(stack, monitoring))
 
 
 @cache
-def _settings(stack: str, monitoring: bool) -> Settings:
+def _settings(stack: Stack, monitoring: bool) -> Settings:
     return settings_of(_stack(stack, monitoring))
 
 
@@ -95,7 +99,7 @@ def undeclared_metrics(addon: Addon, chart: str, values: Mapping[str, Any]) -> l
 
 
 @pytest.mark.parametrize(("stack", "monitoring"), CASES)
-def test_declared_chart_service_monitors_follow_monitoring(stack: str, monitoring: bool) -> None:
+def test_declared_chart_service_monitors_follow_monitoring(stack: Stack, monitoring: bool) -> None:
     recording = _recording(stack, monitoring)
     releases = _releases(recording)
     assert (STACK_CHART in releases) == monitoring
@@ -122,7 +126,7 @@ def _component_type(recording: Recording, record: ResourceRecord) -> str:
 
 
 @pytest.mark.parametrize(("stack", "monitoring"), CASES)
-def test_declared_scrape_targets_get_a_service_monitor(stack: str, monitoring: bool) -> None:
+def test_declared_scrape_targets_get_a_service_monitor(stack: Stack, monitoring: bool) -> None:
     """Monitoring creates a ServiceMonitor for exactly the declared scrape targets; every other one is made by an
     add-on without charts (which has no chart switch to declare: catalogue.addons), and only with monitoring on."""
     recording = _recording(stack, monitoring)
@@ -142,7 +146,7 @@ def test_declared_scrape_targets_get_a_service_monitor(stack: str, monitoring: b
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_scraped_services_are_rendered_by_their_charts(stack: str) -> None:
+def test_scraped_services_are_rendered_by_their_charts(stack: Stack) -> None:
     """A scrape target's `when` switches are on in the values Helm renders with (the chart's defaults at the pinned
     version under ours): else the chart renders no Service, and the ServiceMonitor selects nothing."""
     releases = _releases(_recording(stack, True))
@@ -158,7 +162,7 @@ def test_scraped_services_are_rendered_by_their_charts(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_metrics_a_chart_turns_on_are_declared(stack: str) -> None:
+def test_metrics_a_chart_turns_on_are_declared(stack: Stack) -> None:
     problems = []
     for chart, record in _releases(_recording(stack, True)).items():
         addon = REGISTRY.owner(chart)
@@ -170,11 +174,11 @@ def test_metrics_a_chart_turns_on_are_declared(stack: str) -> None:
 def test_an_undeclared_metrics_endpoint_fails_loudly() -> None:
     """Volcano without its scrape targets: the check names the values that serve metrics nobody scrapes."""
     volcano = REGISTRY.get("volcano")
-    values = release_of(_releases(_recording("local", True))["volcano"])["values"]
+    values = release_of(_releases(_recording(LAPTOP, True))["volcano"])["values"]
     assert undeclared_metrics(volcano, "volcano", values) == []
     problems = undeclared_metrics(dataclasses.replace(volcano, scrape=()), "volcano", values)
     assert problems and all("declares no serviceMonitors or scrape targets" in p for p in problems)
     gpu = REGISTRY.get("gpuOperator")
-    gpu_values = release_of(_releases(_recording("prod", True))["gpu-operator"])["values"]
+    gpu_values = release_of(_releases(_recording(FLEET, True))["gpu-operator"])["values"]
     assert undeclared_metrics(dataclasses.replace(gpu, service_monitors={}), "gpu-operator", gpu_values) == [
         "gpu-operator: dcgmExporter.serviceMonitor.enabled is on but not in addons.gpuOperator.serviceMonitors"]

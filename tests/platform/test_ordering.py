@@ -8,15 +8,17 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from owned_stacks import FLEET, Stack, every_stack, stack_file, stack_settings, stacks_where
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, release_of
 from trainyard.platform.registry import load_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STACKS = available_stacks()
-AWS_STACKS = [s for s in STACKS if read_stack(s).values.get("trainyard:target") == "aws"]
+# The tests' own stacks, then every stack of stacks/ (AWS: those that target AWS).
+STACKS = every_stack()
+AWS_STACKS = stacks_where(lambda s: s.is_aws)
 # API groups served by Kubernetes itself; everything else is a custom resource whose CRD a release installs.
 BUILTIN_GROUPS = frozenset((
     "core", "apps", "batch", "autoscaling", "policy", "networking.k8s.io", "scheduling.k8s.io",
@@ -35,8 +37,8 @@ PROMETHEUS_KINDS = frozenset(("ServiceMonitor", "PodMonitor", "PrometheusRule"))
 
 
 @cache
-def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _recording(stack: Stack) -> Recording:
+    return render(stack_file(stack))
 
 
 def group_of(record: ResourceRecord) -> str:
@@ -58,7 +60,7 @@ def custom_resources(recording: Recording) -> Iterator[ResourceRecord]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_custom_resources_wait_for_the_release_owning_their_crd(stack: str) -> None:
+def test_custom_resources_wait_for_the_release_owning_their_crd(stack: Stack) -> None:
     recording = _recording(stack)
     releases = releases_by_chart(recording)
     checked, problems = 0, []
@@ -76,7 +78,7 @@ def test_custom_resources_wait_for_the_release_owning_their_crd(stack: str) -> N
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_prometheus_objects_wait_for_kube_prometheus_stack(stack: str) -> None:
+def test_prometheus_objects_wait_for_kube_prometheus_stack(stack: Stack) -> None:
     recording = _recording(stack)
     stack_release = releases_by_chart(recording)["kube-prometheus-stack"]
     objects = [r for r in recording.resources
@@ -86,7 +88,7 @@ def test_prometheus_objects_wait_for_kube_prometheus_stack(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_cilium_comes_before_every_other_release(stack: str) -> None:
+def test_cilium_comes_before_every_other_release(stack: Stack) -> None:
     recording = _recording(stack)
     releases = releases_by_chart(recording)
     cilium = releases.pop(CNI_CHART)
@@ -95,13 +97,13 @@ def test_cilium_comes_before_every_other_release(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: str) -> None:
+def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: Stack) -> None:
     """Edges from platform/addons.yaml: what an add-on runs (its releases and workloads) and its custom resources
     wait for the CNI's release and the first release of each add-on it `needs` that the stack turns on. Objects
     that only describe (RBAC, ConfigMaps, namespaces) may be created earlier."""
     recording = _recording(stack)
     by_urn, releases = recording.by_urn(), releases_by_chart(recording)
-    enabled = {addon.name: addon for addon in REGISTRY.enabled(settings_of(read_stack(stack)))}
+    enabled = {addon.name: addon for addon in REGISTRY.enabled(stack_settings(stack))}
     components = {(r.type, r.name): r.urn for r in recording.resources if r.type.startswith("trainyard:platform:")}
 
     def addon_of(record: ResourceRecord) -> str | None:
@@ -132,7 +134,7 @@ def test_every_addon_waits_for_the_cni_and_what_it_needs(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_node_group_waits_for_the_cni(stack: str) -> None:
+def test_every_node_group_waits_for_the_cni(stack: Stack) -> None:
     """No node turns Ready without a CNI, and a managed node group whose nodes stay NotReady fails
     (terraform-aws-modules/terraform-aws-eks issues 3106, 3160, 3446): Cilium goes in first, without waiting for
     pods that only the nodes can run; the pod identity agent (which its operator needs) before it, CoreDNS after
@@ -152,7 +154,7 @@ def test_every_node_group_waits_for_the_cni(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_in_cluster_resources_are_deleted_with_the_cluster(stack: str) -> None:
+def test_in_cluster_resources_are_deleted_with_the_cluster(stack: Stack) -> None:
     recording = _recording(stack)
     in_cluster = [r for r in recording.resources
                   if r.type.startswith("kubernetes:") and not r.type.startswith("pulumi:providers")]
@@ -165,17 +167,17 @@ def test_in_cluster_resources_are_deleted_with_the_cluster(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_node_capacity_objects_are_really_deleted_by_their_controller(stack: str) -> None:
+def test_node_capacity_objects_are_really_deleted_by_their_controller(stack: Stack) -> None:
     recording = _recording(stack)
     capacity = [r for r in recording.resources if r.type in NODE_CAPACITY_KINDS]
-    assert capacity, f"{stack}: no Karpenter NodePool/EC2NodeClass rendered"
+    assert capacity, f"{stack[0]}: no Karpenter NodePool/EC2NodeClass rendered"
     karpenter = releases_by_chart(recording)["karpenter"]
     assert [r.urn for r in capacity if r.deleted_with is not None] == []
     assert [r.urn for r in capacity if karpenter not in upstream(recording, r.urn)] == []
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_destroy_order_is_workloads_addons_nodes_cluster(stack: str) -> None:
+def test_destroy_order_is_workloads_addons_nodes_cluster(stack: Stack) -> None:
     """Destroy walks dependencies backwards, so each later stage must wait, at creation, for the earlier one."""
     recording = _recording(stack)
     of_type = {t: [r.urn for r in recording.resources if r.type == t] for t in (
@@ -198,11 +200,12 @@ def test_destroy_order_is_workloads_addons_nodes_cluster(stack: str) -> None:
 
 def test_unprotected_stack_destroys_without_manual_steps() -> None:
     """`protect: false` (non-prod only) leaves nothing protected, so `pulumi destroy` needs no state surgery."""
-    stack = read_stack("staging")
-    recording = render(dataclasses.replace(stack, values={**stack.values, "trainyard:protect": "false"}))
+    fleet = stack_file(FLEET)
+    recording = render(dataclasses.replace(fleet, values={
+        **fleet.values, "trainyard:environment": "staging", "trainyard:protect": "false"}))
     assert [r.urn for r in recording.resources if r.protect] == []
-    protected_by_default = {r.urn for r in _recording("staging").resources if r.protect}
-    assert protected_by_default, "staging protects its stateful resources by default"
+    protected_by_default = {r.urn for r in _recording(FLEET).resources if r.protect}
+    assert protected_by_default, "the fleet protects its stateful resources by default"
     # Data stays in the account even then: buckets and keys are retained when Pulumi deletes them.
     retained = {r.type for r in recording.resources if r.retain_on_delete}
     assert {"aws:s3/bucket:Bucket", "aws:kms/key:Key"} <= retained
