@@ -126,13 +126,6 @@ def test_alluxio_reads_only_the_dataset_prefix() -> None:
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["datasets/*"]}}
 
 
-@pytest.mark.parametrize("stack", stacks_where(lambda s: not s.is_aws))
-def test_a_local_stack_creates_no_aws_resource(stack: Stack) -> None:
-    rec = render(stack_file(stack))
-    assert rec.resources
-    assert not [r.type for r in rec.resources if r.type.startswith("aws:") or r.type.startswith("pulumi:providers:aws")]
-
-
 NAMESPACE = "${aws:PrincipalTag/kubernetes-namespace}"
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from review_support import rendered
+from owned_stacks import FLEET, Stack, stack_file, stacks_where
+from review_support import rendered_stack
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
-
-AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
+from trainyard.plan.runtime import render
 
 
 def _provider_urns(recording: Recording, region: str) -> set[str]:
@@ -22,15 +21,15 @@ def _off_provider(recording: Recording, urns: set[str]) -> list[str]:
     return [r.urn for r in recording.resources if r.type.startswith("aws:") and r.provider not in urns]
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_every_aws_resource_uses_the_stacks_region(stack: str) -> None:
-    recording = rendered(stack)
-    region = json.loads(read_stack(stack).values["trainyard:aws"])["region"]
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.is_aws))
+def test_every_aws_resource_uses_the_stacks_region(stack: Stack) -> None:
+    recording = rendered_stack(stack)
+    region = json.loads(stack_file(stack).values["trainyard:aws"])["region"]
     assert _off_provider(recording, _provider_urns(recording, region)) == []
 
 
 def test_another_region_moves_every_resource_with_it() -> None:
-    base = read_stack("staging")
+    base = stack_file(FLEET)
     aws = json.loads(base.values["trainyard:aws"])
     aws.update(region="eu-west-1", availabilityZones=["eu-west-1a", "eu-west-1b", "eu-west-1c"])
     values = {**base.values, "trainyard:aws": json.dumps(aws)}
@@ -39,9 +38,12 @@ def test_another_region_moves_every_resource_with_it() -> None:
         pool.pop("zones", None)
         pool["placementGroup"] = False
     values["trainyard:nodePools"] = json.dumps(pools)
-    recording = render(type(base)(stack="staging", values=values, secret_keys=base.secret_keys))
+    recording = render(type(base)(stack=base.stack, values=values, secret_keys=base.secret_keys))
     assert _off_provider(recording, _provider_urns(recording, "eu-west-1")) == []
 
 
-def test_the_local_stack_makes_no_aws_provider() -> None:
-    assert not [r for r in rendered("local").resources if r.type.startswith(("aws:", "pulumi:providers:aws"))]
+@pytest.mark.parametrize("stack", stacks_where(lambda s: not s.is_aws))
+def test_a_local_stack_makes_no_aws_provider(stack: Stack) -> None:
+    recording = rendered_stack(stack)
+    assert recording.resources
+    assert not [r for r in recording.resources if r.type.startswith(("aws:", "pulumi:providers:aws"))]
