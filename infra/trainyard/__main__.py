@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     region = commands.add_parser("region", help="print a stack's validated AWS region (CI configures credentials "
                                                  "for it)")
     region.add_argument("--stack", required=True)
+    region.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
     submit = commands.add_parser("submit", help="a tenant's own job: render it as the stack would, check it, then "
                                                  "print (--dry-run), write (--out) or server-side apply it")
     submit.add_argument("--stack", required=True, help="the stack whose cluster runs it")
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "diff":
             return _diff(args.base, args.stacks, args.format)
         if args.command == "region":
-            return _region(read_stack(args.stack))
+            return _region(read_stack(args.stack, args.stacks_dir))
         if args.command == "submit":
             return submit_job(read_stack(args.stack, args.stacks_dir), args.job, dry_run=args.dry_run, out=args.out,
                               kubeconfig=args.kubeconfig, context=args.context, pipeline=args.pipeline,

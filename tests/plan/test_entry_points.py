@@ -12,13 +12,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from owned_stacks import OWNED_STACKS
 from trainyard.__main__ import main
 from trainyard.plan import writers
 from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import available_stacks
 from trainyard.plan.writers import MARKER, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DEV = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+# The tests' own fleet stack (tests/fixtures/stacks): the bad stacks below are edits of its text.
+FLEET_TEXT = (OWNED_STACKS / "Pulumi.fleet.yaml").read_text()
+
+
+def _edited(old: str, new: str) -> bytes:
+    """The fleet's text with `old` replaced: an edit that no longer matches fails here, not as a stack that passes."""
+    assert old in FLEET_TEXT, f"Pulumi.fleet.yaml has no {old!r}"
+    return FLEET_TEXT.replace(old, new).encode()
+
 
 # Stack files that must each be refused: name -> text.
 BAD_STACKS: dict[str, bytes] = {
@@ -29,28 +39,26 @@ BAD_STACKS: dict[str, bytes] = {
     "config-list": b"config: [1, 2]\n",
     "int-key": b"config:\n  1: x\n",
     "non-utf8": b"config:\n  trainyard:target: \xff\n",
-    "duplicate": DEV.replace("  trainyard:target: aws\n", "  trainyard:target: aws\n  trainyard:target: local\n")
-    .encode(),
-    "plaintext-secret": (DEV + "  trainyard:grafanaAdminPassword: hunter2\n").encode(),
+    "duplicate": _edited("  trainyard:target: aws\n", "  trainyard:target: aws\n  trainyard:target: local\n"),
+    "plaintext-secret": (FLEET_TEXT + "  trainyard:grafanaAdminPassword: hunter2\n").encode(),
     "bomb": b"a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nconfig: {c: *b}\n",
-    "trainer-config-path": DEV.replace("trainerConfig: tiny.yaml", "trainerConfig: /etc/os-release").encode(),
-    "tenant-in-monitoring": DEV.replace("    - name: research\n", "    - name: research\n      namespace: monitoring\n")
-    .encode(),
-    "region-mismatch": (DEV + "  aws:region: us-east-1\n").encode(),
+    "trainer-config-path": _edited("trainerConfig: tiny.yaml", "trainerConfig: /etc/os-release"),
+    "tenant-in-monitoring": _edited("    - name: research\n", "    - name: research\n      namespace: monitoring\n"),
+    "region-mismatch": (FLEET_TEXT + "  aws:region: us-east-1\n").encode(),
     # Values that passed validation and then crashed `plan --out` (issue 24): each is now named by its key.
-    "tenant-in-gpu-health": DEV.replace("    - name: research\n", "    - name: research\n      namespace: gpu-health\n")
-    .encode(),
-    "tenant-named-default": DEV.replace("  trainyard:workloads:", "    - name: default\n      namespace: team-d\n"
-                                        "  trainyard:workloads:").encode(),
-    "tenant-named-root": DEV.replace("  trainyard:workloads:", "    - name: root\n  trainyard:workloads:").encode(),
-    "ceph-zones-too-few": DEV.replace("    rookCeph:\n      replicas: 1\n",
-                                      "    rookCeph:\n      replicas: 3\n      failureDomain: zone\n").encode(),
-    "dataset-prefix-wildcard": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: 'data*/'\n").encode(),
-    "dataset-prefix-no-slash": DEV.replace("    alluxio:\n", "    alluxio:\n      datasetPrefix: datasets\n").encode(),
-    "zone-not-a-letter": DEV.replace("us-west-2b]", "us-west-2-]").encode(),
-    "checkpoint-of-zero": DEV.replace("checkpointSize: 10Gi", "checkpointSize: '0'").encode(),
-    "lookalike-key": DEV.replace("  trainyard:buckets:", "  trainyard:buck\u0435ts:").encode(),
-    "zero-width-key": DEV.replace("      weight: 1\n", "      we\u200bight: 1\n").encode(),
+    "tenant-in-gpu-health": _edited("    - name: research\n", "    - name: research\n      namespace: gpu-health\n"),
+    "tenant-named-default": _edited("  trainyard:fabricCheck:", "    - name: default\n      namespace: team-d\n"
+                                    "  trainyard:fabricCheck:"),
+    "tenant-named-root": _edited("  trainyard:fabricCheck:", "    - name: root\n  trainyard:fabricCheck:"),
+    # Three Ceph replicas, one per zone (failureDomain: zone), in two zones.
+    "ceph-zones-too-few": _edited("availabilityZones: [us-west-2a, us-west-2b, us-west-2c]",
+                                  "availabilityZones: [us-west-2a, us-west-2b]"),
+    "dataset-prefix-wildcard": _edited("    alluxio:\n", "    alluxio:\n      datasetPrefix: 'data*/'\n"),
+    "dataset-prefix-no-slash": _edited("    alluxio:\n", "    alluxio:\n      datasetPrefix: datasets\n"),
+    "zone-not-a-letter": _edited("us-west-2b, us-west-2c]", "us-west-2b, us-west-2-]"),
+    "checkpoint-of-zero": _edited("checkpointSize: 10Gi", "checkpointSize: '0'"),
+    "lookalike-key": _edited("  trainyard:fabricCheck:", "  trainyard:f\u0430bricCheck:"),
+    "zero-width-key": _edited("      weight: 1\n", "      we\u200bight: 1\n"),
 }
 
 
@@ -60,7 +68,7 @@ def stacks_dir(tmp_path: Path) -> Path:
     folder.mkdir()
     for name, text in BAD_STACKS.items():
         (folder / f"Pulumi.{name}.yaml").write_bytes(text)
-    (folder / "Pulumi.good.yaml").write_text(DEV)
+    (folder / "Pulumi.good.yaml").write_text(FLEET_TEXT)
     return folder
 
 
@@ -180,12 +188,14 @@ CASES: list[tuple[str, Argv]] = [
     ("graph-over-user-file", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph",
                                            _graph_over_notes(t)]),
     ("graph-wrong-suffix", lambda s, t: ["plan", "--stack", "good", "--stacks-dir", str(s), "--graph", _file(t)]),
-    ("diff-unknown-ref", lambda s, t: ["diff", "--base", "no-such-ref-anywhere", "--stack", "dev"]),
-    ("diff-option-as-ref", lambda s, t: ["diff", "--base=--output=/tmp/x", "--stack", "dev"]),
+    # diff renders stacks/ (every stack unless named): a bad ref is refused before any render.
+    ("diff-unknown-ref", lambda s, t: ["diff", "--base", "no-such-ref-anywhere"]),
+    ("diff-option-as-ref", lambda s, t: ["diff", "--base=--output=/tmp/x"]),
     ("diff-unknown-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "nope"]),
     ("diff-path-stack", lambda s, t: ["diff", "--base", "HEAD", "--stack", "../../etc/passwd"]),
-    ("diff-one-unknown-of-two", lambda s, t: ["diff", "--base", "HEAD", "--stack", "dev", "--stack", "prdo"]),
-    ("region-local-stack", lambda s, t: ["region", "--stack", "local"]),
+    ("diff-one-unknown-of-two", lambda s, t: ["diff", "--base", "HEAD", *(f"--stack={name}" for name in
+                                                                         available_stacks()[:1]), "--stack", "prdo"]),
+    ("region-local-stack", lambda s, t: ["region", "--stack", "laptop", "--stacks-dir", str(OWNED_STACKS)]),
     ("region-unknown-stack", lambda s, t: ["region", "--stack", "../Pulumi"]),
 ]
 
@@ -205,7 +215,8 @@ def test_bad_input_is_one_message_and_exit_2(stacks_dir: Path, tmp_path: Path, c
     assert _links(tmp_path) == links
 
 
-@pytest.mark.parametrize(("name", "shown"), [("lookalike-key", "buck\\u0435ts"), ("zero-width-key", "we\\u200bight")])
+@pytest.mark.parametrize(("name", "shown"), [("lookalike-key", "f\\u0430bricCheck"),
+                                             ("zero-width-key", "we\\u200bight")])
 def test_a_key_with_hidden_characters_is_shown_escaped(stacks_dir: Path, name: str, shown: str,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--stack", name, "--stacks-dir", str(stacks_dir)]) == 2
@@ -342,12 +353,14 @@ def test_an_empty_existing_folder_is_used(tmp_path: Path) -> None:
 
 
 def test_the_committed_plans_carry_the_marker() -> None:
-    for stack in ("dev", "staging", "prod", "local"):
+    stacks = available_stacks()
+    assert stacks
+    for stack in stacks:
         assert (ROOT / "plans" / stack / MARKER).is_file(), f"plans/{stack} was not written by `make plans`"
 
 
 def test_region_prints_the_stacks_validated_region(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["region", "--stack", "prod"]) == 0
+    assert main(["region", "--stack", "fleet", "--stacks-dir", str(OWNED_STACKS)]) == 0
     assert capsys.readouterr().out == "us-west-2\n"
 
 
@@ -365,9 +378,10 @@ def test_a_plan_written_before_the_marker_is_replaced_but_not_with_a_stranger_in
 
 
 def test_graph_replaces_a_graph_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    target = tmp_path / "local.mmd"
+    target = tmp_path / "laptop.mmd"
     for _ in range(2):
-        assert main(["plan", "--stack", "local", "--quiet", "--graph", str(target)]) == 0
+        assert main(["plan", "--stack", "laptop", "--stacks-dir", str(OWNED_STACKS), "--quiet", "--graph",
+                     str(target)]) == 0
     assert target.read_text().startswith("flowchart LR")
     assert "error" not in capsys.readouterr().err
 
