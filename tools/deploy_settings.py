@@ -1,7 +1,9 @@
 """Print what the CI workflows need of AWS stacks, as `key=value` lines for $GITHUB_OUTPUT.
 
     python tools/deploy_settings.py <stack>                 # deploy-stack.yml: region, role-arn, runner
-    python tools/deploy_settings.py --previews <stack>...   # preview.yml: stacks (JSON list), settings (JSON map)
+    python tools/deploy_settings.py --previews [<stack>...] # preview.yml: stacks (JSON list), settings (JSON map)
+
+`--previews` without stacks takes every AWS stack the folder holds, so preview.yml follows the stack files.
 
 `--stacks-dir DIR` (first) reads the stack files from DIR instead of stacks/.
 
@@ -23,7 +25,7 @@ from trainyard.cloud.naming import PREVIEW_ROLE, physical
 from trainyard.config.load import ConfigError
 from trainyard.config.model import RunnerSettings, Settings
 from trainyard.paths import STACKS_DIR
-from trainyard.plan.runtime import read_stack, settings_of
+from trainyard.plan.runtime import available_stacks, read_stack, settings_of
 
 
 def runs_on(runner: RunnerSettings) -> list[str] | dict[str, Any]:
@@ -58,6 +60,10 @@ def preview_role_arn(settings: Settings) -> str:
     return f"arn:{parts[1]}:iam::{parts[4]}:role/{physical(settings, PREVIEW_ROLE)}"
 
 
+def aws_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
+    return [stack for stack in available_stacks(stacks_dir) if settings_of(read_stack(stack, stacks_dir)).is_aws]
+
+
 def preview_outputs(stacks: list[str], stacks_dir: Path = STACKS_DIR) -> dict[str, str]:
     """Stacks with `deploy.preview` and, per stack, the region, the preview role and the runner."""
     previewed: dict[str, dict[str, Any]] = {}
@@ -79,11 +85,14 @@ def main(argv: list[str]) -> int:
         stacks_dir, argv = Path(argv[1]), argv[2:]
     previews = argv[:1] == ["--previews"]
     stacks = argv[1:] if previews else argv
-    if not stacks or (not previews and len(stacks) != 1):
-        print("usage: tools/deploy_settings.py [--stacks-dir DIR] <stack> | --previews <stack>...", file=sys.stderr)
+    if not previews and len(stacks) != 1:
+        print("usage: tools/deploy_settings.py [--stacks-dir DIR] <stack> | --previews [<stack>...]", file=sys.stderr)
         return 2
     try:
-        outputs = preview_outputs(stacks, stacks_dir) if previews else deploy_outputs(stacks[0], stacks_dir)
+        if previews:
+            outputs = preview_outputs(stacks or aws_stacks(stacks_dir), stacks_dir)
+        else:
+            outputs = deploy_outputs(stacks[0], stacks_dir)
     except (ConfigError, ValueError) as exc:  # InputError (unknown stack, bad file) is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import FLEET, LAPTOP, OWNED_STACKS, Stack, stack_file, stack_settings, stacks_where
 from trainyard.plan.duration import longest_create_chain
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render, settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
-AWS_STACKS = tuple(s for s in available_stacks() if settings_of(read_stack(s)).is_aws)  # as stacks/ holds them
+# The tests' fleet, then every AWS stack of stacks/.
+AWS = stacks_where(lambda s: s.is_aws)
 # AssumeRole's DurationSeconds can reach the role's MaxSessionDuration, at most 12 h (IAM UpdateRole docs).
 MAX_SESSION_SECONDS = 12 * 3600
 
@@ -72,26 +74,33 @@ def test_previews_run_on_the_preview_runner_with_the_preview_role_never_the_depl
     # trusts (the deploy role's trust names its environment).
     assert "environment" not in preview
     settings = _job("preview.yml", "settings")
-    assert any(s.get("run") == ('.venv/bin/python tools/deploy_settings.py --previews dev staging prod >> '
-                                '"$GITHUB_OUTPUT"') for s in settings["steps"])
+    # No stack named: every AWS stack stacks/ holds is previewed, whichever a user keeps.
+    assert any(s.get("run") == '.venv/bin/python tools/deploy_settings.py --previews >> "$GITHUB_OUTPUT"'
+               for s in settings["steps"])
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_deploy_settings_print_the_stacks_region_role_and_runner(stack: str) -> None:
-    settings = settings_of(read_stack(stack))
+@pytest.mark.parametrize("stack", AWS)
+def test_deploy_settings_print_the_stacks_region_role_and_runner(stack: Stack) -> None:
+    settings = stack_settings(stack)
     assert settings.deploy is not None and settings.aws is not None
     runner = settings.deploy.runner
     expected = {"group": runner.group, "labels": runner.labels} if runner.group else runner.labels
-    assert _outputs(_deploy_settings(stack)) == {"region": settings.aws.region, "role-arn": settings.deploy.role_arn,
-                                                 "runner": json.dumps(expected, separators=(",", ":"))}
+    assert _outputs(_deploy_settings("--stacks-dir", str(stack[1]), stack[0])) == {
+        "region": settings.aws.region, "role-arn": settings.deploy.role_arn,
+        "runner": json.dumps(expected, separators=(",", ":"))}
 
 
-def test_preview_settings_name_the_preview_role_of_each_previewed_stack() -> None:
-    outputs = _outputs(_deploy_settings("--previews", *AWS_STACKS))
+@pytest.mark.parametrize("stacks_dir", [OWNED_STACKS, STACKS_DIR], ids=["owned", "stacks"])
+def test_preview_settings_name_the_preview_role_of_each_previewed_stack(stacks_dir: Path) -> None:
+    outputs = _outputs(_deploy_settings("--stacks-dir", str(stacks_dir), "--previews"))
     previewed = json.loads(outputs["settings"])
     assert json.loads(outputs["stacks"]) == list(previewed)
-    for stack in AWS_STACKS:
-        settings = settings_of(read_stack(stack))
+    aws = [s for s in available_stacks(stacks_dir) if settings_of(read_stack(s, stacks_dir)).is_aws]
+    assert set(previewed) <= set(aws)
+    if stacks_dir == OWNED_STACKS:
+        assert FLEET[0] in previewed and LAPTOP[0] not in previewed
+    for stack in aws:
+        settings = settings_of(read_stack(stack, stacks_dir))
         assert settings.deploy is not None
         preview = settings.deploy.preview
         if preview is None:
@@ -106,25 +115,25 @@ def test_preview_settings_name_the_preview_role_of_each_previewed_stack() -> Non
 def test_a_stack_whose_runner_cannot_reach_its_endpoint_is_refused_before_any_credential(tmp_path: Path) -> None:
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())
+    document = yaml.safe_load((OWNED_STACKS / "Pulumi.fleet.yaml").read_text())
     document["config"]["trainyard:deploy"]["runner"] = {"labels": ["ubuntu-24.04"]}
-    (stacks / "Pulumi.prod.yaml").write_text(yaml.safe_dump(document))
-    for args in (("prod",), ("--previews", "prod")):
+    (stacks / "Pulumi.fleet.yaml").write_text(yaml.safe_dump(document))
+    for args in (("fleet",), ("--previews", "fleet"), ("--previews",)):
         result = _deploy_settings("--stacks-dir", str(stacks), *args)
         assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
         assert "trainyard:deploy.runner" in result.stderr and "no fixed egress address" in result.stderr
 
 
 def test_deploy_settings_refuse_a_stack_ci_does_not_deploy() -> None:
-    result = _deploy_settings("local")
+    result = _deploy_settings("--stacks-dir", str(OWNED_STACKS), LAPTOP[0])
     assert result.returncode == 2 and "Traceback" not in result.stderr and "trainyard:deploy" in result.stderr
 
 
-@pytest.mark.parametrize("stack", AWS_STACKS)
-def test_credentials_outlive_the_first_up(stack: str) -> None:
+@pytest.mark.parametrize("stack", AWS)
+def test_credentials_outlive_the_first_up(stack: Stack) -> None:
     (step,) = _credential_steps("deploy-stack.yml")
     duration = int(step["with"]["role-duration-seconds"])
-    bound = longest_create_chain(render(read_stack(stack))).seconds
+    bound = longest_create_chain(render(stack_file(stack))).seconds
     assert bound > 3600, "the first up is longer than the 1 h default; the bound must show it"
     assert bound <= duration <= MAX_SESSION_SECONDS, (stack, bound, duration)
 
