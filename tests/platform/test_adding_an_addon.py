@@ -25,11 +25,24 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import Stack, sample_stacks, stack_settings
 from trainyard.config.release_check import chart_pins, unverified
 from trainyard.plan.conformance import check_helm_values, upstream_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART, VERSION, KEY = "example-exporter", "1.0.0", "exampleExporter"
+
+
+def _runs_what_it_waits_for(stack: Stack) -> bool:
+    """The CNI, the add-on it needs (Volcano) and monitoring (its ServiceMonitor), which the checks below read."""
+    addons = stack_settings(stack).addons
+    return addons.cilium.enabled and addons.volcano.enabled and addons.monitoring.enabled
+
+
+# The user's stacks the steps edit (whatever stacks/ holds): one that runs what the add-on waits for sets its
+# interval, another turns it off.
+ON = next(name for name, folder in sample_stacks() if _runs_what_it_waits_for((name, folder)))
+OFF = next(name for name, _ in sample_stacks() if name != ON)
 
 # 1. Catalogue data: the pin, base values, the add-on's declaration.
 PIN = f"""  {CHART}:
@@ -140,11 +153,11 @@ def _add_example(repo: Path) -> None:
     (platform / CHART / "values.yaml").write_text(VALUES)
     (platform / "addons.yaml").write_text((platform / "addons.yaml").read_text() + DECLARATION)
     (repo / "infra" / "trainyard" / "platform" / "example_exporter.py").write_text(COMPONENT)
-    # 3. The settings type and its field of AddonSettings; the stack switch: dev sets its interval (on by
-    # default), local turns it off.
+    # 3. The settings type and its field of AddonSettings; the stack switch: one stack sets its interval (on by
+    # default), another turns it off.
     model = repo / "infra" / "trainyard" / "config" / "model.py"
     model.write_text(_with_settings(model.read_text()))
-    for stack, section in (("dev", {"interval": "15s"}), ("local", {"enabled": False})):
+    for stack, section in ((ON, {"interval": "15s"}), (OFF, {"enabled": False})):
         path = repo / "stacks" / f"Pulumi.{stack}.yaml"
         document = yaml.safe_load(path.read_text())
         document["config"].setdefault("trainyard:addons", {})[KEY] = section
@@ -246,9 +259,10 @@ def test_the_suite_checks_of_every_chart_pass_for_it(example: tuple[Path, Path])
 
 def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, Path], tmp_path: Path) -> None:
     repo, upstream = example
-    result = _plan(repo, "dev", tmp_path / "dev")
+    out = tmp_path / ON
+    result = _plan(repo, ON, out)
     assert result.returncode == 0, result.stderr
-    resources = {r["urn"]: r for r in json.loads((tmp_path / "dev" / "resources.json").read_text())}
+    resources = {r["urn"]: r for r in json.loads((out / "resources.json").read_text())}
     (component,) = [r for r in resources.values() if r["type"] == "trainyard:platform:ExampleExporter"]
     assert component["name"] == "example-exporter"
     releases = {r["inputs"]["chart"]: r for r in resources.values() if r["type"] == "kubernetes:helm.sh/v3:Release"}
@@ -261,28 +275,28 @@ def test_the_example_addon_renders_wired_like_every_other(example: tuple[Path, P
     for chart in ("cilium", "volcano", "kube-prometheus-stack"):
         assert releases[chart]["urn"] in waits, chart
     # Conformance: the rendered values against the chart's upstream defaults.
-    rendered = yaml.safe_load((tmp_path / "dev" / "helm" / f"example.{CHART}.yaml").read_text())
+    rendered = yaml.safe_load((out / "helm" / f"example.{CHART}.yaml").read_text())
     assert check_helm_values(rendered, upstream=upstream) == []
     assert check_helm_values({**rendered, "values": {**rendered["values"], "nodeSelctor": {}}}, upstream=upstream)
     # Helm rendered the chart with those values, the ServiceMonitor included (the stack installs its CRD).
-    objects = tmp_path / "dev" / "rendered" / CHART
+    objects = out / "rendered" / CHART
     deployment = yaml.safe_load((objects / "deployment.example-exporter.yaml").read_text())
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"trainyard.io/role": "system"}
     assert (objects / "servicemonitor.example-exporter.yaml").is_file()
     # The rehearsal reads its pods from the rendered chart and finds a node for them.
-    rehearsal = _plan(repo, "dev", tmp_path / "dev-rehearsed", "--rehearse")
+    rehearsal = _plan(repo, ON, tmp_path / "rehearsed", "--rehearse")
     assert rehearsal.returncode == 0, rehearsal.stdout + rehearsal.stderr
 
 
 def test_the_stack_switch_turns_it_off_and_typos_are_refused(example: tuple[Path, Path], tmp_path: Path) -> None:
     repo, _ = example
-    result = _plan(repo, "local", tmp_path / "local")
+    result = _plan(repo, OFF, tmp_path / "off")
     assert result.returncode == 0, result.stderr
-    assert CHART not in (tmp_path / "local" / "resources.json").read_text()
-    path = repo / "stacks" / "Pulumi.local.yaml"
+    assert CHART not in (tmp_path / "off" / "resources.json").read_text()
+    path = repo / "stacks" / f"Pulumi.{OFF}.yaml"
     document = yaml.safe_load(path.read_text())
     document["config"]["trainyard:addons"][KEY] = {"enabled": False, "intervall": "1m"}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
-    result = _plan(repo, "local", tmp_path / "typo")
+    result = _plan(repo, OFF, tmp_path / "typo")
     assert result.returncode == 2
     assert f"trainyard:addons.{KEY}.intervall: unknown key" in result.stderr + result.stdout
