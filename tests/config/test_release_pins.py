@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from owned_stacks import OWNED_STACKS
 from tool_scripts import load_tool
 from trainyard.config.release_check import DATA_DIR, Pin, all_pins, kubernetes_pins, release_problems, unverified
 from trainyard.config.releases import KUBERNETES_RELEASES
@@ -68,9 +69,9 @@ def test_mismatched_alias_and_release_are_caught() -> None:
 def test_a_job_image_from_elsewhere_is_checked(tmp_path: Path) -> None:
     shutil.copytree(REPO_ROOT / "platform", tmp_path / "platform")
     (tmp_path / "stacks").mkdir()
-    stack = yaml.safe_load((REPO_ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    stack = yaml.safe_load((OWNED_STACKS / "Pulumi.fleet.yaml").read_text())
     stack["config"]["trainyard:workloads"][0]["image"] = "nvcr.io/nvidia/pytorch:26.07-py3"
-    (tmp_path / "stacks" / "Pulumi.dev.yaml").write_text(yaml.safe_dump(stack))
+    (tmp_path / "stacks" / "Pulumi.fleet.yaml").write_text(yaml.safe_dump(stack))
     pins = {p.name: p for p in all_pins(tmp_path)}
     assert pins["image/nvcr.io/nvidia/pytorch:26.07-py3"].confirmed is False
     assert not [n for n in pins if n.startswith("image/ghcr.io/trainyard/")], "the project's own image is exempt"
