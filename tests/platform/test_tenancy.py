@@ -257,6 +257,15 @@ def test_a_tenants_pod_monitor_scrapes_its_namespace_keeps_its_label_and_bounds_
             "namespace not kept": _monitor(endpoint={"metricRelabelings": [
                 {"action": "LabelKeep", "regex": "__name__|job"}]}),
             "pod label as namespace": _monitor(podTargetLabels=["namespace"]),
+            "scrape address rewritten": _monitor(endpoint={"relabelings": [
+                {"targetLabel": "__address__", "replacement": "10.0.0.1:9090"}]}),
+            "scrape parameter set": _monitor(endpoint={"relabelings": [
+                {"targetLabel": "__param_target", "replacement": "http://169.254.169.254/"}]}),
+            "through a proxy": _monitor(endpoint={"proxyUrl": "http://attacker.example:3128"}),
+            "the proxy of Prometheus's environment": _monitor(endpoint={"proxyFromEnvironment": True}),
+            "a token from a URL": _monitor(endpoint={"oauth2": {
+                "clientId": {"secret": {"name": "x", "key": "id"}}, "clientSecret": {"name": "x", "key": "s"},
+                "tokenUrl": "http://10.0.0.1/"}}),
             "no sample limit": {"spec": {"selector": {}, "podMetricsEndpoints": [{"port": "m"}]}},
             "too many samples": _monitor(sampleLimit=SAMPLE_LIMIT + 1),
         }
