@@ -8,6 +8,8 @@ after its operator, on `local`. Expectations come from each stack's settings, ne
 
 from __future__ import annotations
 
+import ipaddress
+from fnmatch import fnmatch
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,6 @@ from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import STACKS_DIR, available_stacks, plan_stack, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.mlflow import (
-    ALLOWED_HOSTS,
     APP_LABELS,
     CNPG_CLUSTER,
     DATABASE_SECRET,
@@ -33,6 +34,7 @@ from trainyard.platform.mlflow import (
     FLASK_SECRET_KEY,
     IMAGE,
     SERVER_SECRET,
+    address_patterns,
 )
 
 # The tests' own AWS and local stacks, and every sample stack that turns MLflow on: (name, stacks folder).
@@ -105,8 +107,37 @@ def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: St
     assert [p["port"] for p in service["spec"]["ports"]] == [uri.port]
     assert service["spec"]["selector"] == APP_LABELS
     # The server refuses a Host header it does not list (its DNS-rebinding check): the URI's must be there.
-    assert _option(_server(stack)["args"], "--allowed-hosts") == ALLOWED_HOSTS
-    assert uri.netloc in ALLOWED_HOSTS.split(",")
+    allowed = _option(_server(stack)["args"], "--allowed-hosts").split(",")
+    assert uri.netloc in allowed
+
+
+def _answers(allowed: list[str], host: str) -> bool:
+    """mlflow/server/security_utils.py @ 3.17.2 is_allowed_host_header: fnmatch of the Host header."""
+    return any(fnmatch(host, pattern) for pattern in allowed)
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_server_answers_prometheus_at_any_pod_address(stack: Stack) -> None:
+    """Prometheus scrapes with `Host: <pod IP>:5000`: on AWS pods have VPC addresses (Cilium ENI IPAM), whatever
+    CIDR the stack gives the VPC; on `local`, kind's pod network (10.244.0.0/16) is a private range."""
+    settings = _settings(stack)
+    allowed = _option(_server(stack)["args"], "--allowed-hosts").split(",")
+    network = ipaddress.IPv4Network(settings.network.vpc_cidr if settings.target == "aws" else "10.244.0.0/16")
+    for address in (network.network_address + 1, network.network_address + network.num_addresses // 2,
+                    network.broadcast_address - 1):
+        assert _answers(allowed, f"{address}:{names.MLFLOW_PORT}"), address
+    if settings.target == "aws":
+        assert not _answers(allowed, f"{network.broadcast_address + 256}:{names.MLFLOW_PORT}")
+
+
+def test_host_patterns_cover_a_cidr_off_the_octet_boundary() -> None:
+    """The range AWS suggests for pods (100.64.0.0/10), which no private-range default covers."""
+    patterns = list(address_patterns("100.64.0.0/10"))
+    for inside in ("100.64.0.1", "100.100.7.9", "100.127.255.254"):
+        assert _answers(patterns, f"{inside}:5000"), inside
+    for outside in ("100.63.255.1", "100.128.0.1", "10.0.0.1"):
+        assert not _answers(patterns, f"{outside}:5000"), outside
+    assert address_patterns("10.20.0.0/16") == ("10.20.*",)
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
@@ -170,10 +201,12 @@ def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: Stack
 def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> None:
     aws = _settings(stack).target == "aws"
     store = DATABASE_SECRET if aws else f"{CNPG_CLUSTER}-app"
-    for container in (_server(stack), _container(stack, "Job", manifest_of(
-            _records(stack, "Job", names.MLFLOW_NAMESPACE)[0])["metadata"]["name"])):
+    migration = _container(stack, "Job", manifest_of(_records(stack, "Job", names.MLFLOW_NAMESPACE)[0])["metadata"]
+                           ["name"])
+    for container, expected in ((_server(stack), {"MLFLOW_BACKEND_STORE_URI": store, FLASK_SECRET_KEY: SERVER_SECRET}),
+                                (migration, {"MLFLOW_BACKEND_STORE_URI": store})):
         refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
-        assert refs == {"MLFLOW_BACKEND_STORE_URI": store, FLASK_SECRET_KEY: SERVER_SECRET}
+        assert refs == expected
     # The Flask key is a generated password kept in state, not one a chart hook re-rolls on every upgrade.
     server_secret = _one(stack, "Secret", SERVER_SECRET)
     password = next(r for r in _recording(stack).resources if r.type == "random:index/randomPassword:RandomPassword"
@@ -222,3 +255,21 @@ def test_local_database_matches_the_operator_the_release_renders(stack: Stack) -
     (operator,) = release.of_kind("Deployment")
     assert operator["spec"]["template"]["spec"]["nodeSelector"][names.ROLE_LABEL] == "system"
     assert bool(list(release.of_kind("PodMonitor"))) is _settings(stack).addons.monitoring.enabled
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_migration_runs_as_an_account_of_its_own(stack: Stack) -> None:
+    (job,) = [manifest_of(r) for r in _records(stack, "Job", names.MLFLOW_NAMESPACE)]
+    server = manifest_of(_one(stack, "Deployment", "mlflow"))
+    account = job["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account != server["spec"]["template"]["spec"]["serviceAccountName"] == names.MLFLOW.name
+    assert manifest_of(_one(stack, "ServiceAccount", account))["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_server_restarts_from_the_nodes_image_and_bounds_its_scratch(stack: Stack) -> None:
+    for manifest in (manifest_of(_one(stack, "Deployment", "mlflow")),
+                     *(manifest_of(r) for r in _records(stack, "Job", names.MLFLOW_NAMESPACE))):
+        pod = manifest["spec"]["template"]["spec"]
+        assert {c["imagePullPolicy"] for c in pod["containers"]} == {"IfNotPresent"}
+        assert all(v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v)

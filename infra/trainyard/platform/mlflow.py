@@ -31,6 +31,7 @@ the server rolls (`pulumi up` waits for it), so replicas never race each other's
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,20 +77,25 @@ DEFAULT_ARTIFACT_DIR = "_unassigned"
 LOCAL_ARTIFACTS = "/mlartifacts"
 ARTIFACT_CLAIM = "mlflow-artifacts"
 TMP = "/tmp"
+TMP_SIZE = "256Mi"
+MIGRATION_ACCOUNT = "mlflow-db-upgrade"
 UNPRIVILEGED_USER = 10001
-# Host names the server answers (its DNS-rebinding check, --allowed-hosts): the Service's in-cluster names with the
-# port, localhost (kubectl port-forward) and the private ranges pods and Prometheus scrape from, which are the
-# server's own defaults that the flag would otherwise drop (mlflow/server/security_utils.py @ 3.17.2,
-# get_default_allowed_hosts; a Host such as mlflow.mlflow.svc.cluster.local:5000 is refused by default).
+# Host names the server answers (its DNS-rebinding check, --allowed-hosts, fnmatch patterns over the Host header:
+# mlflow/server/security_utils.py @ 3.17.2 is_allowed_host_header): the Service's in-cluster names with the port,
+# localhost (kubectl port-forward) and the addresses pods and Prometheus reach it by (Prometheus scrapes with
+# `Host: <pod IP>:5000`). A Host such as mlflow.mlflow.svc.cluster.local:5000 is refused by default.
 _SERVICE_HOSTS = tuple(".".join((names.MLFLOW_SERVICE, NAMESPACE, "svc", "cluster.local")[:n]) for n in (1, 2, 3, 4))
-_PRIVATE_HOSTS = ("localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*", "10.*", "192.168.*",
-                  *(f"172.{i}.*" for i in range(16, 32)))
-ALLOWED_HOSTS = ",".join((*(f"{h}:{PORT}" for h in _SERVICE_HOSTS), *_PRIVATE_HOSTS))
+_LOOPBACK_HOSTS = ("localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*")
+# Where the pod network is not known here (`local`: kind's pod CIDR), the server's own default private ranges
+# (security_utils.get_private_ip_patterns), which the flag would otherwise drop.
+_PRIVATE_HOSTS = ("10.*", "192.168.*", *(f"172.{i}.*" for i in range(16, 32)))
 _POD_NAMESPACE = "k8s:io.kubernetes.pod.namespace"  # Cilium's label of an endpoint's namespace
 _KUBE_NAMESPACE = "kubernetes.io/metadata.name"  # the label Kubernetes sets on every namespace
 # Why the server's and the migration's pods do not pass these Checkov checks (checkov.io/skip<N>, tests/review).
 _CHECKOV_REASONS = (
     ("CKV_K8S_43", "the tag is pinned from release data (config/release_data/unverified.yaml): no digest was readable"),
+    ("CKV_K8S_15", "IfNotPresent: a release tag, and Always would make every server restart depend on ghcr.io "
+                   "(Kubernetes docs, Images: image pull policy), as for CloudNativePG (platform/cloudnative-pg)"),
     ("CKV_K8S_35", "mlflow takes the store URI and the Flask secret only as options or their environment variables "
                    "(mlflow/cli/__init__.py, mlflow/server/__init__.py @ 3.17.2): a file would need a shell that puts "
                    "the URI on a command line"),
@@ -109,6 +115,8 @@ class MlflowArgs:
     artifact_bucket: pulumi.Input[str] | None
     tenants: Mapping[str, TenantFacts]
     network_policy: NetworkPolicyKind
+    # The addresses pods have (the VPC's CIDR on AWS); None where the program cannot know them (`local`).
+    pod_cidr: str | None
     monitoring_namespace: str | None
     # kube-prometheus-stack's release when monitoring is on (the ServiceMonitor CRD).
     monitoring: pulumi.Resource | None
@@ -131,11 +139,30 @@ def _artifact_root(bucket: pulumi.Input[str] | None, namespace: str) -> pulumi.O
     return pulumi.Output.from_input(bucket).apply(root)
 
 
-def server_args(*, artifact_bucket: str | None, workers: int = 2) -> list[str]:
+def address_patterns(cidr: str) -> tuple[str, ...]:
+    """Host patterns that match every address of `cidr` and, for a prefix not on an octet boundary, no whole octet
+    outside it: 100.64.0.0/10 -> 100.64.* .. 100.127.*."""
+    network = ipaddress.IPv4Network(cidr)
+    fixed, spare = divmod(network.prefixlen, 8)
+    octets = str(network.network_address).split(".")
+    if spare == 0:
+        return (".".join([*octets[:fixed], "*"]),)
+    first = int(octets[fixed])
+    return tuple(".".join([*octets[:fixed], str(first + i), "*"]) for i in range(2 ** (8 - spare)))
+
+
+def allowed_hosts(pod_cidr: str | None) -> str:
+    """--allowed-hosts: the Service's names, loopback, and the pod network (AWS: the VPC's CIDR, where Cilium's ENI
+    IPAM gives pods their addresses) or, where it is unknown, the private ranges."""
+    pods = address_patterns(pod_cidr) if pod_cidr is not None else _PRIVATE_HOSTS
+    return ",".join((*(f"{h}:{PORT}" for h in _SERVICE_HOSTS), *_LOOPBACK_HOSTS, *pods))
+
+
+def server_args(*, artifact_bucket: str | None, pod_cidr: str | None, workers: int = 2) -> list[str]:
     """`mlflow server`'s command line (mlflow/cli/__init__.py @ 3.17.2); the store URI and the Flask secret come
     from the environment (MLFLOW_BACKEND_STORE_URI is the --backend-store-uri option's envvar)."""
     args = ["server", "--host", "0.0.0.0", "--port", str(PORT), "--workers", str(workers),
-            "--allowed-hosts", ALLOWED_HOSTS,
+            "--allowed-hosts", allowed_hosts(pod_cidr),
             # Prometheus multiprocess files on the writable /tmp; /metrics then serves them (prometheus_exporter.py).
             "--expose-prometheus", f"{TMP}/prometheus"]
     if artifact_bucket is None:
@@ -149,11 +176,14 @@ def _restricted() -> dict[str, Any]:
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _env(uri_secret: str) -> list[dict[str, Any]]:
+def _env(uri_secret: str, *, migrate: bool) -> list[dict[str, Any]]:
+    """The migration needs the store only; the Flask secret is the server's."""
+    flask = [] if migrate else [
+        {"name": FLASK_SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": SERVER_SECRET, "key": FLASK_SECRET_KEY}}}]
     return [
         {"name": "MLFLOW_BACKEND_STORE_URI",
          "valueFrom": {"secretKeyRef": {"name": uri_secret, "key": DATABASE_URI_KEY}}},
-        {"name": FLASK_SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": SERVER_SECRET, "key": FLASK_SECRET_KEY}}},
+        *flask,
         # MLflow reports usage to its maintainers unless told not to (mlflow/environment_variables.py @ 3.17.2).
         {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
         # The image's user has no home under a random uid: caches go to the writable /tmp.
@@ -166,12 +196,14 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
     container: dict[str, Any] = {
         "name": "migrate" if migrate else "server",
         "image": IMAGE,
-        "imagePullPolicy": "Always",
-        "env": _env(uri_secret),
+        # A release tag: a node that holds it restarts the server without reaching ghcr.io (CHECKOV_SKIPS).
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env(uri_secret, migrate=migrate),
         "securityContext": _restricted(),
         "volumeMounts": [{"name": "tmp", "mountPath": TMP}],
     }
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    # Bounded: the Prometheus exporter writes a file per worker process there, and a restarted worker a new one.
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
     if migrate:
         # Kubernetes expands $(VAR) in args from the container's env: no shell, and the URI never hits a command line
         # the API shows.
@@ -183,7 +215,7 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
         container |= {
             "command": ["mlflow"],
             "args": pulumi.Output.from_input(args.artifact_bucket).apply(
-                lambda bucket: server_args(artifact_bucket=bucket)),
+                lambda bucket: server_args(artifact_bucket=bucket, pod_cidr=args.pod_cidr)),
             "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
             # /health is exempt from the host check (security_utils.HEALTH_ENDPOINTS), so probes by pod IP pass.
             "readinessProbe": {**probe, "failureThreshold": 3},
@@ -194,7 +226,8 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
             container["volumeMounts"].append({"name": "artifacts", "mountPath": LOCAL_ARTIFACTS})
             volumes.append({"name": "artifacts", "persistentVolumeClaim": {"claimName": ARTIFACT_CLAIM}})
     return {
-        "serviceAccountName": names.MLFLOW.name,
+        # The migration's own account: nothing the server's may ever be granted reaches it.
+        "serviceAccountName": MIGRATION_ACCOUNT if migrate else names.MLFLOW.name,
         # PostgreSQL only: nothing here talks to the Kubernetes API.
         "automountServiceAccountToken": False,
         "nodeSelector": {names.ROLE_LABEL: "system"},
@@ -301,6 +334,10 @@ class Mlflow(pulumi.ComponentResource):
             f"{name}-account", metadata={"name": names.MLFLOW.name, "namespace": NAMESPACE,
                                          "labels": labels("mlflow", "tracking")},
             automount_service_account_token=False, opts=in_ns)
+        migration_account = k8s.core.v1.ServiceAccount(
+            f"{name}-db-upgrade-account", metadata={"name": MIGRATION_ACCOUNT, "namespace": NAMESPACE,
+                                                    "labels": labels("mlflow", "db-upgrade")},
+            automount_service_account_token=False, opts=in_ns)
         volumes: list[pulumi.Resource] = []
         if args.artifact_bucket is None:
             claim: Any = {"accessModes": ["ReadWriteOnce"],
@@ -309,7 +346,7 @@ class Mlflow(pulumi.ComponentResource):
                 f"{name}-artifacts", metadata={"name": ARTIFACT_CLAIM, "namespace": NAMESPACE,
                                                "labels": labels("mlflow", "tracking")},
                 spec=claim, opts=pulumi.ResourceOptions.merge(in_ns, stateful)))
-        prereqs = [namespace, account, server_secret, *database, *volumes]
+        prereqs = [namespace, account, migration_account, server_secret, *database, *volumes]
 
         job_labels = {**APP_LABELS, "app.kubernetes.io/component": "db-upgrade"}
         job_spec: Any = {"backoffLimit": 6, "template": {
@@ -411,6 +448,7 @@ def build(ctx: AddonContext) -> Mlflow:
         cluster=cluster, settings=ctx.settings(MlflowSettings), database=cluster.tracking_database,
         artifact_bucket=cluster.checkpoint_bucket, tenants=ctx.tenants,
         network_policy="cilium" if cilium else "kubernetes",
+        pod_cidr=ctx.stack.network.vpc_cidr if ctx.stack.target == "aws" else None,
         monitoring_namespace=ctx.catalogue.chart("kube-prometheus-stack").namespace if ctx.monitoring else None,
         monitoring=ctx.monitoring, protect=ctx.stack.protect,
         depends_on=ctx.after))
