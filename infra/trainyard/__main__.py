@@ -5,7 +5,8 @@ the real Helm, and shows what it would create; `--rehearse` then walks it in the
 fails (exit 1) on the first resource that would hang or fail.
 `diff` renders stacks at the working tree and at a git ref and shows what a change adds, changes and costs.
 `region` prints a stack's validated AWS region, so CI configures credentials for the region the stack deploys to.
-`submit` renders a tenant's own job file with the stack's code, checks it, and prints, writes or applies it.
+`submit` renders a tenant's own job file with the stack's code, checks it, and prints, writes or applies it;
+`submit status|logs|cancel` then read or end that job on the cluster with the member's own kubeconfig.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from trainyard.plan.resource_types import RELEASE
 from trainyard.plan.runtime import StackFile, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import check_out, check_unique_objects, write_plan
 from trainyard.safe_paths import UnsafePathError, write_file
+from trainyard.submit import control
 from trainyard.submit import main as submit_job
 
 GRAPH_SUFFIXES = (".dot", ".mmd")
@@ -63,18 +65,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  "for it)")
     region.add_argument("--stack", required=True)
     region.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
+    job = argparse.ArgumentParser(add_help=False)  # what every submit action names: the job and its cluster
+    job.add_argument("--stack", required=True, help="the stack whose cluster runs it")
+    job.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
+    job.add_argument("--job", required=True, type=Path, help="one trainyard:workloads entry as a YAML file")
+    job.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG or ~/.kube/config")
+    job.add_argument("--context", help="the kubeconfig context (default: its current-context)")
     submit = commands.add_parser("submit", help="a tenant's own job: render it as the stack would, check it, then "
-                                                 "print (--dry-run), write (--out) or server-side apply it")
-    submit.add_argument("--stack", required=True, help="the stack whose cluster runs it")
-    submit.add_argument("--stacks-dir", type=Path, default=STACKS_DIR, help=argparse.SUPPRESS)
-    submit.add_argument("--job", required=True, type=Path, help="one trainyard:workloads entry as a YAML file")
-    submit.add_argument("--dry-run", action="store_true", help="print the manifests, send nothing")
-    submit.add_argument("--out", type=Path, help="write the manifests into this folder, send nothing")
-    submit.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG or ~/.kube/config")
-    submit.add_argument("--context", help="the kubeconfig context (default: its current-context)")
-    submit.add_argument("--pipeline", action="store_true",
-                        help="the job as an Argo WorkflowTemplate: prepare data, train, gate, register (pipeline.py)")
-    submit.add_argument("--model-name", help="with --pipeline: the registered model's name (default: the job's)")
+                                                 "print, write or apply it; then its status, logs or cancel")
+    actions = submit.add_subparsers(dest="action", metavar="{apply,status,logs,cancel}")
+    applying = actions.add_parser("apply", parents=[job], help="the default: print (--dry-run), write (--out) or "
+                                                                "server-side apply the job's objects")
+    applying.add_argument("--dry-run", action="store_true", help="print the manifests, send nothing")
+    applying.add_argument("--out", type=Path, help="write the manifests into this folder, send nothing")
+    applying.add_argument("--pipeline", action="store_true",
+                          help="the job as an Argo WorkflowTemplate: prepare data, train, gate, register (pipeline.py)")
+    applying.add_argument("--model-name", help="with --pipeline: the registered model's name (default: the job's)")
+    actions.add_parser("status", parents=[job], help="the Volcano Job's phase, its PodGroup, each task's pods, the "
+                                                      "last events")
+    logs = actions.add_parser("logs", parents=[job], help="one pod's log (default: the first task's pod 0)")
+    logs.add_argument("--task", help="the Volcano task (default: the job's first, `worker`)")
+    logs.add_argument("--index", type=int, default=0, help="the pod's index in its task: pod <job>-<task>-<index>")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the container ends")
+    logs.add_argument("--previous", "-p", action="store_true", help="the container's previous run (after a restart)")
+    actions.add_parser("cancel", parents=[job], help="delete the Volcano Job (foreground); its checkpoints stay")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["submit"] and not {*argv[1:2]} & {*actions.choices, "-h", "--help"}:
+        argv = ["submit", "apply", *argv[1:]]  # `submit --stack ... --job ...` applies, as before the actions
     args = parser.parse_args(argv)
     # Config warnings (pulumi.log.warn, which the mock engine hands to logging) read like the errors below.
     logging.addLevelName(logging.WARNING, "warning")
@@ -84,10 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _diff(args.base, args.stacks, args.format)
         if args.command == "region":
             return _region(read_stack(args.stack, args.stacks_dir))
-        if args.command == "submit":
+        if args.command == "submit" and args.action == "apply":
             return submit_job(read_stack(args.stack, args.stacks_dir), args.job, dry_run=args.dry_run, out=args.out,
                               kubeconfig=args.kubeconfig, context=args.context, pipeline=args.pipeline,
-                              model_name=args.model_name)
+                              model_name=args.model_name,
+                              stacks_dir=None if args.stacks_dir == STACKS_DIR else args.stacks_dir)
+        if args.command == "submit":
+            return control(args.action, read_stack(args.stack, args.stacks_dir), args.job,
+                           kubeconfig=args.kubeconfig, context=args.context,
+                           **{k: getattr(args, k) for k in ("task", "index", "follow", "previous") if hasattr(args, k)})
         return _plan(read_stack(args.stack, args.stacks_dir), args.out, args.quiet, args.graph, args.rehearse)
     except (InputError, ConfigError) as error:
         # Bad input is the user's to fix: one message, no traceback, exit 2 (as argparse does for bad options).

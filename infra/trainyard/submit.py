@@ -4,6 +4,9 @@ written out or applied with the tenant's own kubeconfig.
     python -m trainyard submit --stack dev --job my-job.yaml --dry-run           # print the manifests
     python -m trainyard submit --stack dev --job my-job.yaml --out build/my-job  # write them
     python -m trainyard submit --stack dev --job my-job.yaml                     # server-side apply them
+    python -m trainyard submit status --stack dev --job my-job.yaml              # then follow it (job_control.py)
+    python -m trainyard submit logs --stack dev --job my-job.yaml --follow
+    python -m trainyard submit cancel --stack dev --job my-job.yaml
 
 The job file holds one entry of a stack's ``trainyard:workloads`` list, the same keys (name, kind, tenant, nodePool,
 minNodes, maxNodes, gpusPerNode, image, trainerConfig, ...). The stack's program runs under the mock runtime with
@@ -14,19 +17,25 @@ refused (the platform deploys those); and the trainer's own check on the rendere
 config at every world size of the node range, the model in the GPUs' memory).
 
 Applying is Kubernetes server-side apply (field manager ``trainyard-submit``) through the Kubernetes Python client
-and the kubeconfig's credentials, into the tenant's namespace only; the tenant-user Role allows exactly these kinds.
+and the kubeconfig's credentials (cluster_api.py), into the tenant's namespace only; the tenant-user Role allows
+exactly these kinds. `status`, `logs` and `cancel` find the job from the same file and stack (its name, its
+tenant's namespace), after the same checks of its keys, without rendering it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainyard import job_control
+from trainyard.cluster_api import TIMEOUT, answered, connect
 from trainyard.config import ConfigError
+from trainyard.config.model import Settings
 from trainyard.config.yaml_input import InputError, load_yaml
 from trainyard.escape import escaped
 from trainyard.pipeline import to_yaml, workflow_template
@@ -84,17 +93,29 @@ def _problems(exc: ConfigError, job_file: Path) -> SubmitError:
     return SubmitError(f"{len(lines)} {noun}; nothing was written or sent:\n" + "\n".join(lines))
 
 
-def render_job(stack: StackFile, spec: dict[str, Any], job_file: Path) -> list[dict[str, Any]]:
-    """The job's Kubernetes objects as `pulumi up` would create them on ``stack``, or InputError."""
+def _alone(stack: StackFile, spec: dict[str, Any], job_file: Path) -> tuple[StackFile, Settings]:
+    """The stack with ``spec`` as its only job, and its settings validated as the program validates them."""
     own = json.loads(stack.values.get(WORKLOADS_KEY, "[]"))
     if spec.get("name") in {j.get("name") for j in own if isinstance(j, dict)}:
         raise InputError(f"{job_file}: name: {spec['name']!r} is a job of stack {stack.stack!r} itself, deployed "
                          "by the platform: pick another name")
     alone = StackFile(stack.stack, {**stack.values, WORKLOADS_KEY: json.dumps([spec])}, stack.secret_keys)
     try:
-        settings = settings_of(alone)
+        return alone, settings_of(alone)
     except ConfigError as exc:
         raise _problems(exc, job_file) from None
+
+
+def job_target(stack: StackFile, spec: dict[str, Any], job_file: Path) -> tuple[str, str]:
+    """The (namespace, name) the job file's job has on the stack's cluster, after the same checks of its keys."""
+    _, settings = _alone(stack, spec, job_file)
+    job = settings.workloads[0]
+    return settings.tenant(job.tenant).namespace_name, job.name
+
+
+def render_job(stack: StackFile, spec: dict[str, Any], job_file: Path) -> list[dict[str, Any]]:
+    """The job's Kubernetes objects as `pulumi up` would create them on ``stack``, or InputError."""
+    alone, settings = _alone(stack, spec, job_file)
     recording = render(alone)
     rendered = render_releases(recording, settings.cluster.kubernetes_version)
     name = settings.workloads[0].name
@@ -135,36 +156,22 @@ def apply_requests(manifests: Sequence[dict[str, Any]]) -> list[tuple[str, dict[
 
 
 def apply(manifests: Sequence[dict[str, Any]], kubeconfig: Path | None, context: str | None) -> None:
-    """Server-side apply through the Kubernetes Python client, with the kubeconfig's credentials (exec plugins
-    such as `aws eks get-token` included)."""
-    from kubernetes import client, config  # only `submit` without --dry-run/--out needs the client
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
-
-    try:
-        api = config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
-    except (ConfigException, OSError) as exc:
-        raise InputError(f"--kubeconfig: {exc}") from None
-    for path, body in apply_requests(manifests):
-        try:
-            api.call_api(
-                path, "PATCH", query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-                body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object"},
-                _return_http_data_only=True)
-        except ApiException as exc:
-            reason = exc.reason
-            with contextlib.suppress(ValueError):  # a Status object when the API server answered itself
-                reason = json.loads(exc.body or "{}").get("message", reason)
-            raise InputError(f"{body['kind']} {body['metadata']['namespace']}/{body['metadata']['name']}: the API "
-                             f"server refused it ({exc.status}): {reason}") from None
-        except (OSError, client.exceptions.OpenApiException) as exc:
-            raise InputError(f"{body['kind']} {body['metadata']['name']}: {exc}") from None
-    api.close()
+    """Server-side apply through the Kubernetes Python client, with the kubeconfig's credentials."""
+    api = connect(kubeconfig, context)
+    with api:
+        for path, body in apply_requests(manifests):
+            meta = body["metadata"]
+            with answered(api, f"{body['kind']} {meta['namespace']}/{meta['name']}"):
+                api.call_api(
+                    path, "PATCH", query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                    header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+                    body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object"},
+                    _return_http_data_only=True, _request_timeout=TIMEOUT)
 
 
 def main(stack: StackFile, job_file: Path, *, dry_run: bool, out: Path | None, kubeconfig: Path | None,
-         context: str | None, pipeline: bool = False, model_name: str | None = None) -> int:
+         context: str | None, pipeline: bool = False, model_name: str | None = None,
+         stacks_dir: Path | None = None) -> int:
     manifests = render_job(stack, read_job(job_file), job_file)
     job = next(m for m in manifests if m["kind"] == "Job")
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -182,8 +189,40 @@ def main(stack: StackFile, job_file: Path, *, dry_run: bool, out: Path | None, k
         print(f"applied the pipeline {namespace}/{name}-pipeline ({len(manifests)} objects). Run it:\n"
               f"  argo submit -n {namespace} --from workflowtemplate/{name}-pipeline -p data-version=v1 --watch")
         return 0
-    print(f"submitted {namespace}/{name} ({len(manifests)} objects). Watch it:\n"
+    again = _same_job(stack, job_file, kubeconfig, context, stacks_dir)
+    print(f"submitted {namespace}/{name} ({len(manifests)} objects). Follow it:\n"
+          f"  {again('status')}\n"
+          f"  {again('logs', '--follow')}\n"
           f"  kubectl -n {namespace} get vcjob {name} -w\n"
-          f"  kubectl -n {namespace} logs -f -l {JOB_LABEL}={name} --max-log-requests 16\n"
-          f"Cancel it (the checkpoint volume stays): kubectl -n {namespace} delete vcjob {name}", file=sys.stdout)
+          f"Cancel it (the checkpoint claim stays): {again('cancel')}")
+    return 0
+
+
+def _same_job(stack: StackFile, job_file: Path, kubeconfig: Path | None, context: str | None,
+              stacks_dir: Path | None) -> Callable[..., str]:
+    """The command line of a `submit` action on the same job, as the member would type it here."""
+    python = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        python = python.relative_to(Path.cwd())
+    options = ["--stack", stack.stack, *(["--stacks-dir", str(stacks_dir)] if stacks_dir else []),
+               "--job", str(job_file), *(["--kubeconfig", str(kubeconfig)] if kubeconfig else []),
+               *(["--context", context] if context else [])]
+    return lambda action, *more: shlex.join([str(python), "-m", "trainyard", "submit", action, *options, *more])
+
+
+def control(action: str, stack: StackFile, job_file: Path, *, kubeconfig: Path | None, context: str | None,
+            task: str | None = None, index: int = 0, follow: bool = False, previous: bool = False) -> int:
+    """`submit status|logs|cancel`: the job file's job on the stack's cluster, with the member's kubeconfig."""
+    namespace, name = job_target(stack, read_job(job_file), job_file)
+    with connect(kubeconfig, context) as api:
+        if action == "status":
+            print(job_control.status(api, namespace, name))
+        elif action == "cancel":
+            print(job_control.cancel(api, namespace, name))
+        else:
+            try:
+                job_control.logs(api, namespace, name, task=task, index=index, follow=follow, previous=previous,
+                                 out=sys.stdout.buffer)
+            except KeyboardInterrupt:  # the end of a followed log
+                return 130
     return 0

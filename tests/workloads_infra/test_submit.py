@@ -1,23 +1,26 @@
 """`python -m trainyard submit` (trainyard/submit.py): a tenant's job file rendered by the stack's own code, checked
-before anything is written or sent, and applied with server-side apply (against a local stand-in for the API server
-that records each request)."""
+before anything is written or sent, and applied with server-side apply (against a local stand-in for the API server,
+kube_stand_in.py, that records each request and authorizes it with the tenant-user Role)."""
 
 from __future__ import annotations
 
 import json
-import threading
+import shlex
+import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kube_stand_in import Cluster, serving
 from owned_stacks import OWNED_STACKS
 from trainyard.__main__ import main as cli
+from trainyard.config.yaml_input import InputError
 from trainyard.plan.conformance import check_manifest
 from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform.tenant_access import tenant_rules
 from trainyard.platform.tenants import queue_name
 from trainyard.submit import FIELD_MANAGER, WORKLOADS_KEY, apply, apply_requests, render_job
 from trainyard.workloads.pod import JOB_LABEL
@@ -149,72 +152,60 @@ def test_dry_run_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixt
     assert printed == render_job(stack, spec, tmp_path / "job.yaml")
 
 
-class _ApiServer(BaseHTTPRequestHandler):
-    seen: list[dict[str, Any]]
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_PATCH(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        self.seen.append({"path": self.path, "headers": headers, "body": json.loads(body)})
-        denied = "persistentvolumeclaims" in self.path and self.headers["Authorization"] != "Bearer tenant-token"
-        status = 403 if denied else 200
-        answer = json.dumps({"kind": "Status", "message": "forbidden"} if denied else json.loads(body)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-
 @pytest.fixture
-def api_server(tmp_path: Path) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
-    seen: list[dict[str, Any]] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Api", (_ApiServer,), {"seen": seen}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def api_server(tmp_path: Path) -> Iterator[tuple[Path, Cluster]]:
+    """An API server stand-in where the kubeconfig's token is a tenant member's (the tenant-user Role's rules)."""
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "tenant",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-        "users": [{"name": "u", "user": {"token": "tenant-token"}}],
-        "contexts": [{"name": "tenant", "context": {"cluster": "c", "user": "u"}}]}))
-    yield kubeconfig, seen
-    server.shutdown()
-    server.server_close()
+    with serving(Cluster(tokens={"tenant-token": tenant_rules(), "someone-else": []}), kubeconfig,
+                 "tenant-token") as cluster:
+        yield kubeconfig, cluster
 
 
 def test_apply_sends_each_manifest_as_a_server_side_apply(tmp_path: Path, api_server: Any,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    kubeconfig, seen = api_server
+    kubeconfig, cluster = api_server
     stack = fleet()
     spec = {**jobs_of(stack)[1], "name": "applied"}
     manifests = render_job(stack, spec, write_job(tmp_path, spec))
     assert cli(cli_args("--job", str(tmp_path / "job.yaml"), "--kubeconfig", str(kubeconfig))) == 0
-    assert [(r["path"].split("?")[0], r["body"]) for r in seen] == apply_requests(manifests)
+    seen = cluster.requests
+    assert [(r.method, r.path, r.body) for r in seen] == [("PATCH", *r) for r in apply_requests(manifests)]
+    assert all(r.status == 201 for r in seen)  # each created, as the member's Role allows (create + patch)
     # What the Job mounts goes first: its pods never start on a missing ConfigMap or claim.
-    assert [r["body"]["kind"] for r in seen][:3] == ["ConfigMap", "PersistentVolumeClaim", "Job"]
+    assert [r.body["kind"] for r in seen][:3] == ["ConfigMap", "PersistentVolumeClaim", "Job"]
     for request in seen:
-        assert request["headers"]["content-type"] == "application/apply-patch+yaml"
-        assert request["headers"]["authorization"] == "Bearer tenant-token"
-        assert f"fieldManager={FIELD_MANAGER}" in request["path"] and "force=true" in request["path"]
+        assert request.headers["content-type"] == "application/apply-patch+yaml"
+        assert request.headers["authorization"] == "Bearer tenant-token"
+        assert request.query == {"fieldManager": [FIELD_MANAGER], "force": ["true"]}
     namespace = manifests[0]["metadata"]["namespace"]
-    assert f"kubectl -n {namespace} get vcjob applied -w" in capsys.readouterr().out
-    paths = [r["path"].split("?")[0] for r in seen]
-    assert f"/apis/batch.volcano.sh/v1alpha1/namespaces/{namespace}/jobs/applied" in paths
+    assert f"/apis/batch.volcano.sh/v1alpha1/namespaces/{namespace}/jobs/applied" in [r.path for r in seen]
+    again = ["--stack", "fleet", "--stacks-dir", str(OWNED_STACKS), "--job", str(tmp_path / "job.yaml"),
+             "--kubeconfig", str(kubeconfig)]
+    printed = capsys.readouterr().out.splitlines()
+    python = shlex.join([str(Path(sys.executable).relative_to(Path.cwd())), "-m", "trainyard", "submit"])
+    assert printed == [f"submitted {namespace}/applied ({len(manifests)} objects). Follow it:",
+                       f"  {python} status {shlex.join(again)}",
+                       f"  {python} logs {shlex.join(again)} --follow",
+                       f"  kubectl -n {namespace} get vcjob applied -w",
+                       f"Cancel it (the checkpoint claim stays): {python} cancel {shlex.join(again)}"]
 
 
 def test_a_refused_apply_is_one_line(tmp_path: Path, api_server: Any) -> None:
-    kubeconfig, _seen = api_server
+    kubeconfig, cluster = api_server
     other = yaml.safe_load(kubeconfig.read_text())
     other["users"][0]["user"]["token"] = "someone-else"
     kubeconfig.write_text(yaml.safe_dump(other))
     stack = fleet()
     spec = {**jobs_of(stack)[1], "name": "denied"}
     manifests = render_job(stack, spec, write_job(tmp_path, spec))
-    with pytest.raises(Exception, match=r"^PersistentVolumeClaim .+: the API server refused it \(403\): forbidden$"):
+    namespace = manifests[0]["metadata"]["namespace"]
+    with pytest.raises(InputError) as refused:
         apply(manifests, kubeconfig, None)
+    assert str(refused.value) == (
+        f'ConfigMap {namespace}/denied-trainer-config: the API server refused it (403): configmaps '
+        f'"denied-trainer-config" is forbidden: User "someone-else" cannot patch resource "configmaps" in API group '
+        f'"" in the namespace "{namespace}"')
+    assert len(cluster.requests) == 1  # nothing sent after the refusal
 
 
 @pytest.mark.parametrize(("stack_name", "where"), with_jobs(SAMPLE) + OWNED)

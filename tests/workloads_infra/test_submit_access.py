@@ -1,33 +1,36 @@
 """The tenant-user Role (platform/tenant_access.py) against what `submit` does with a member's own credentials: every
-object it applies, with and without --pipeline, and every command it prints for watching, reading logs and
-cancelling is allowed, and the Role grants nothing that none of them needs."""
+object it applies, with and without --pipeline, and every next step it prints (its own `status`, `logs` and
+`cancel`, run for real against the API server stand-in that authorizes each request with the Role; kubectl's and
+argo's lines by what they call) is allowed, and the Role grants nothing that none of them needs."""
 
 from __future__ import annotations
 
-import json
 import re
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kube_stand_in import Cluster, object_path, serving
 from owned_stacks import OWNED_STACKS
-from trainyard import submit
+from trainyard.__main__ import main as cli
 from trainyard.plan.runtime import read_stack
 from trainyard.platform.tenant_access import tenant_rules
+from trainyard.submit import WORKLOADS_KEY
 
 Needs = dict[tuple[str, str], set[str]]
 READ = {"get", "list", "watch"}
-# Server-side apply: patch, and create for an object not there yet (Kubernetes docs, "Server-Side Apply":
-# permissions); reading it back; deleting what one submitted (a claim counts against the namespace's quota).
-APPLIED = {"create", "patch", *READ, "delete"}
-# What each next step `submit` prints asks of the API server: kubectl, and argo's CLI, which without an Argo server
-# runs the Argo API in process on the member's kubeconfig, caching the namespace's templates and Workflows
-# (pkg/apiclient/argo-kube-client.go @ v4.0.10), creating the Workflow and following its pods.
+TOKEN = "member"
+# Beyond the apply itself (patch, and create for an object not there yet: what the stand-in authorizes): reading it
+# back, and deleting what one submitted (a claim counts against the namespace's quota).
+APPLIED = {*READ, "delete"}
+# What kubectl's and argo's lines `submit` prints ask of the API server: kubectl, and argo's CLI, which without an
+# Argo server runs the Argo API in process on the member's kubeconfig, caching the namespace's templates and
+# Workflows (pkg/apiclient/argo-kube-client.go @ v4.0.10), creating the Workflow and following its pods.
 COMMANDS: list[tuple[str, Needs]] = [
     (r"kubectl -n \S+ get vcjob \S+ -w", {("batch.volcano.sh", "jobs"): READ}),
-    (r"kubectl -n \S+ logs -f -l \S+ --max-log-requests \d+", {("", "pods"): READ, ("", "pods/log"): {"get"}}),
-    (r"Cancel it \(.*\): kubectl -n \S+ delete vcjob \S+", {("batch.volcano.sh", "jobs"): {"delete"}}),
     (r"argo submit -n \S+ --from workflowtemplate/\S+( -p \S+)* --watch",
      {("argoproj.io", "workflowtemplates"): READ, ("argoproj.io", "workflows"): {"create", *READ},
       ("", "pods"): READ}),
@@ -35,8 +38,8 @@ COMMANDS: list[tuple[str, Needs]] = [
 # The rest of a job's status and of a pipeline's life: the PodGroup Volcano makes for the job and the events of both
 # (kubectl describe); `argo stop`/`terminate` patch a Workflow (workflow/util/util.go patchShutdownStrategy @
 # v4.0.10) and `argo delete` removes it.
-STATUS: Needs = {("scheduling.volcano.sh", "podgroups"): READ, ("", "events"): READ, ("events.k8s.io", "events"): READ,
-                 ("argoproj.io", "workflows"): {"patch", "delete"}}
+LIFECYCLE: Needs = {("argoproj.io", "workflows"): {"patch", "delete"}, ("scheduling.volcano.sh", "podgroups"): READ,
+                    ("", "events"): READ, ("events.k8s.io", "events"): READ}
 
 
 def _add(into: Needs, more: Needs) -> None:
@@ -59,36 +62,71 @@ def _command_needs(line: str) -> Needs:
     return matched[0]
 
 
-def _needs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Needs:
-    """What submitting a job of the tests' fleet stack, plain and as a pipeline, asks of the Role (the same kinds in
-    every tenant's namespace: test_submit.py test_every_tenant_can_submit_a_job)."""
+def _worker_pod(cluster: Cluster) -> None:
+    """The submitted job's first pod, as Volcano creates it (its log is what `submit logs` reads)."""
+    job = next(o for o in cluster.objects.values() if o["kind"] == "Job")
+    meta = job["metadata"]
+    pod = cluster.add({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{meta['name']}-worker-0", "namespace": meta["namespace"],
+        "labels": {"volcano.sh/job-name": meta["name"], "volcano.sh/task-spec": "worker",
+                   "volcano.sh/task-index": "0"}}, "status": {"phase": "Running"}})
+    cluster.logs[pod] = b"step 1\n"
+
+
+def _needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Needs, Cluster]:
+    """What submitting a job of the tests' fleet stack, plain and as a pipeline, and following each printed next
+    step asks of the Role (the same kinds in every tenant's namespace: test_submit.py
+    test_every_tenant_can_submit_a_job)."""
     stack = read_stack("fleet", OWNED_STACKS)
-    applied: list[dict[str, Any]] = []
-    monkeypatch.setattr(submit, "apply", lambda manifests, kubeconfig, context: applied.extend(manifests))
-    template = json.loads(stack.values[submit.WORKLOADS_KEY])[0]
-    needs: Needs = {}
-    job_file = tmp_path / "job.yaml"
+    template = yaml.safe_load(stack.values[WORKLOADS_KEY])[0]
+    job_file, kubeconfig = tmp_path / "job.yaml", tmp_path / "kubeconfig"
     job_file.write_text(yaml.safe_dump({**template, "name": "submitted"}))
-    for pipeline in (False, True):
-        assert submit.main(stack, job_file, dry_run=False, out=None, kubeconfig=None, context=None,
-                           pipeline=pipeline) == 0
-        for line in capsys.readouterr().out.splitlines():
-            if line.startswith("  ") or "kubectl" in line or "argo " in line:
-                _add(needs, _command_needs(line.strip()))
-    kinds = {(m["apiVersion"], m["kind"]) for m in applied}
-    assert ("argoproj.io/v1alpha1", "WorkflowTemplate") in kinds and ("batch.volcano.sh/v1alpha1", "Job") in kinds
-    for api_version, kind in kinds:
-        group = api_version.rpartition("/")[0]
-        _add(needs, {(group, submit.COLLECTIONS[(api_version, kind)].rsplit("/", 1)[1]): APPLIED})
-    return needs
+    needs: Needs = {}
+    cluster = Cluster(tokens={TOKEN: tenant_rules()})
+    with serving(cluster, kubeconfig, TOKEN):
+        for pipeline in ([], ["--pipeline"]):
+            assert cli(["submit", "--stack", "fleet", "--stacks-dir", str(OWNED_STACKS), "--job", str(job_file),
+                        "--kubeconfig", str(kubeconfig), *pipeline]) == 0
+            applied = [r.body for r in cluster.requests if r.method == "PATCH"]
+            for manifest in applied:
+                group, plural = manifest["apiVersion"].rpartition("/")[0], object_path(manifest).split("/")[-2]
+                _add(needs, {(group, plural): APPLIED})
+            if not pipeline:
+                _worker_pod(cluster)
+            for line in capsys.readouterr().out.splitlines()[1:]:
+                command = line.split(": ", 1)[1] if line.startswith("Cancel it") else line.strip()
+                if " -m trainyard submit " in command:
+                    assert cli(shlex.split(command)[3:]) == 0, command  # `<python> -m trainyard submit ...`
+                    capsys.readouterr()
+                else:
+                    _add(needs, _command_needs(command))
+    for attributes in (a for r in cluster.requests for a in r.authorized):
+        _add(needs, {(attributes.group, attributes.resource): {attributes.verb}})
+    return needs, cluster
 
 
-def test_the_role_allows_what_submit_does_and_nothing_more(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    needs = _needs(tmp_path, capsys, monkeypatch)
-    _add(needs, STATUS)
+def test_the_role_allows_what_submit_does_and_nothing_more(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    needs, cluster = _needs(tmp_path, capsys)
+    refused = [(r.method, r.path, r.status) for r in cluster.requests if r.status in (401, 403)]
+    assert not refused, f"the Role refuses what submit and its printed steps do: {refused}"
+    sent = {(r.method, r.attributes.resource) for r in cluster.requests}
+    assert {("GET", "pods/log"), ("DELETE", "jobs"), ("GET", "podgroups"), ("GET", "events")} <= sent
+    _add(needs, LIFECYCLE)
     granted = _granted()
     missing = {k: sorted(v - granted.get(k, set())) for k, v in needs.items() if v - granted.get(k, set())}
     assert not missing, f"the Role lacks {missing}"
     extra = {k: sorted(v - needs.get(k, set())) for k, v in granted.items() if v - needs.get(k, set())}
-    assert not extra, f"the Role grants more than submit, status, logs and cancel need: {extra}"
+    assert not extra, f"the Role grants more than submit, its printed steps and a pipeline's life need: {extra}"
+
+
+def test_the_stand_in_refuses_what_the_role_does_not_grant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: without `delete` on Volcano Jobs, the printed `submit cancel` is refused."""
+    rules: list[dict[str, Any]] = [
+        {**r, "verbs": [v for v in r["verbs"] if v != "delete"]} if r["resources"] == ["jobs"] else r
+        for r in tenant_rules()]
+    monkeypatch.setattr(sys.modules[__name__], "tenant_rules", lambda: rules)
+    with pytest.raises(AssertionError, match=r" submit cancel "):
+        _needs(tmp_path, capsys)
+    assert "cannot delete resource \"jobs\"" in capsys.readouterr().err
