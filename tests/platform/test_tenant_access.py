@@ -106,8 +106,10 @@ def test_every_tenant_namespace_binds_its_group_to_its_role(stack: Stack) -> Non
 # The UIs members reach with `kubectl port-forward svc/<service>` (README, "Reaching the UIs"): namespace -> service.
 UIS = {"mlflow": ("mlflow", "mlflow"), "argoWorkflows": ("argo", "argo-workflows-server")}
 # What that command asks of the API server: the Service, a pod behind it (listed, or watched until one is there),
-# and the forward itself, a `create` on the pods/portforward subresource.
-PORT_FORWARD = {("", "services"): {"get"}, ("", "pods"): {"get", "list", "watch"}, ("", "pods/portforward"): {"create"}}
+# and the forward itself on the pods/portforward subresource: a WebSocket upgrade (GET: `get`), and SPDY (POST:
+# `create`) when the upgrade is refused (client-go tools/portforward/tunneling_dialer.go, fallback_dialer.go).
+PORT_FORWARD = {("", "services"): {"get"}, ("", "pods"): {"get", "list", "watch"},
+                ("", "pods/portforward"): {"get", "create"}}
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
@@ -161,7 +163,8 @@ def test_members_read_logs_but_no_secrets_and_run_no_pods_of_their_own(stack: St
             continue
         rules = role["rules"]
         assert _granted(rules, "", "pods/log") == {"get"}
-        assert _granted(rules, "", "pods") == {"get", "list", "watch"}
+        # Pods are Volcano's and Argo's: a member reads them, and deletes a failed step's as `argo retry` does.
+        assert _granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
         assert all("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"] for rule in rules)
         for resource in ("secrets", "pods/exec", "pods/attach", "pods/portforward", "serviceaccounts", "roles",
                          "rolebindings", "resourcequotas", "queues"):

@@ -35,11 +35,14 @@ COMMANDS: list[tuple[str, Needs]] = [
      {("argoproj.io", "workflowtemplates"): READ, ("argoproj.io", "workflows"): {"create", *READ},
       ("", "pods"): READ}),
 ]
-# The rest of a job's status and of a pipeline's life: the PodGroup Volcano makes for the job and the events of both
-# (kubectl describe); `argo stop`/`terminate` patch a Workflow (workflow/util/util.go patchShutdownStrategy @
-# v4.0.10) and `argo delete` removes it.
-LIFECYCLE: Needs = {("argoproj.io", "workflows"): {"patch", "delete"}, ("scheduling.volcano.sh", "podgroups"): READ,
-                    ("", "events"): READ, ("events.k8s.io", "events"): READ}
+# The rest of a pipeline's life and of a job's (argo-workflows v4.0.10; README "Tenant access"): `argo stop` and
+# `terminate` patch a Workflow (workflow/util/util.go patchShutdownStrategy), `argo suspend` and `resume` update it
+# (util.go SuspendWorkflow, ResumeWorkflow: wfIf.Update), `argo retry` deletes the failed steps' pods and updates it
+# (server/workflow/workflow_server.go RetryWorkflow, with the caller's own clients), `argo delete` removes it; the
+# PodGroup and the events of both read with kubectl describe.
+LIFECYCLE: Needs = {("argoproj.io", "workflows"): {"patch", "update", "delete"}, ("", "pods"): {"delete"},
+                    ("scheduling.volcano.sh", "podgroups"): READ, ("", "events"): READ,
+                    ("events.k8s.io", "events"): READ}
 
 
 def _add(into: Needs, more: Needs) -> None:

@@ -4,9 +4,10 @@ The Role covers what a training job is made of (the Volcano Job, the trainer Con
 PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up` creates, plus
 reading pods, their logs and events and the PodGroup Volcano makes, and a job's Argo WorkflowTemplate and the
 Workflows run from it. Nothing else: no Secrets, no pods of their own (Volcano's and Argo's controllers create
-them), no exec, and no object outside the namespace. Queues stay out of reach too; the queue-of-namespace admission
-policy (tenants.queue_policy) keeps their jobs in their own queue. On AWS the members reach the API server through EKS
-access entries that put their IAM principals in the group (cloud/access.py).
+them; a member may only delete one, as `argo retry` does), no exec, and no object outside the namespace. Queues stay
+out of reach too; the queue-of-namespace admission policy (tenants.queue_policy) keeps their jobs in their own
+queue. On AWS the members reach the API server through EKS access entries that put their IAM principals in the
+group (cloud/access.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ UI_ROLE = "tenant-ui"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 # Server-side apply needs `patch`, and `create` for an object that does not exist yet (Kubernetes docs, "Server-Side
 # Apply": permissions); cancelling a job and removing what one submitted (a claim counts against the quota) need
-# `delete`. No `update`: nothing a member runs replaces an object whole (tests/workloads_infra/test_submit_access.py).
+# `delete`. `update` only where a member's tool replaces an object whole: Argo's Workflows below
+# (tests/workloads_infra/test_submit_access.py holds every verb to a caller).
 _MANAGE = ["create", "get", "list", "watch", "patch", "delete"]
 _READ = ["get", "list", "watch"]
 
@@ -36,16 +38,23 @@ def tenant_rules() -> list[dict[str, Any]]:
         # Its trainer config and checkpoint claim (workloads/jobs.py), and its metrics (PodMonitor).
         {"apiGroups": [""], "resources": ["configmaps", "persistentvolumeclaims"], "verbs": _MANAGE},
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": _MANAGE},
-        # Watching it run.
-        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": _READ},
+        # Watching it run (`trainyard submit status`, `logs`: job_control.py). Deleting a pod is `argo retry`'s
+        # (server/workflow/workflow_server.go RetryWorkflow @ v4.0.10 deletes the failed steps' pods with the
+        # caller's token): no more than a member already does by deleting the Job or Workflow that owns it.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "delete"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": _READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
         # Pipelines: a job's WorkflowTemplate (`trainyard submit --pipeline` applies one per job) and the Workflows
         # that reference it, the only ones the controller runs (platform/argo-workflows/values.yaml
         # workflowRestrictions); `argo stop` and `terminate` patch a Workflow (workflow/util/util.go
-        # patchShutdownStrategy @ v4.0.10). A template's pods run as an account of the namespace, under its pod
-        # security level and the namespace's quotas, as a Volcano Job's do: nothing a member could not already start.
-        {"apiGroups": ["argoproj.io"], "resources": ["workflows", "workflowtemplates"], "verbs": _MANAGE},
+        # patchShutdownStrategy @ v4.0.10), `argo suspend`, `resume` and `retry` update it (util.go SuspendWorkflow,
+        # ResumeWorkflow; server/workflow/workflow_server.go RetryWorkflow): `update` gives nothing `patch` does not,
+        # the Workflow CRD having no status subresource. A template's pods run as an account of the namespace, under
+        # its pod security level and the namespace's quotas, as a Volcano Job's do: nothing a member could not
+        # already start.
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": [*_MANAGE, "update"]},
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtemplates"], "verbs": _MANAGE},
     ]
 
 
@@ -55,14 +64,17 @@ def role_binding_subjects(group: str) -> list[dict[str, str]]:
 
 def ui_rules() -> list[dict[str, Any]]:
     """What `kubectl port-forward svc/<ui>` does with a member's credentials: read the Service, find a pod behind it
-    (list, or watch until one is there), and open the forward (a `create` on pods/portforward: Kubernetes docs,
-    "Authorization": the verbs of a subresource). The forward enters the pod's own network namespace, so it takes no
-    network policy's leave; RBAC cannot narrow it to one pod (their names are generated), so it reaches every pod of
-    the namespace it is granted in."""
+    (list, or watch until one is there), and open the forward on pods/portforward: first as a WebSocket upgrade, a
+    GET (`get`; client-go tools/portforward/tunneling_dialer.go), then, when that upgrade is refused, over SPDY, a
+    POST (`create`; kubectl pkg/cmd/portforward/portforward.go createDialer's fallback). Both verbs: the preferred
+    path works without a refused round trip, and so does the create check on WebSocket upgrades of Kubernetes 1.35
+    (AuthorizePodWebsocketUpgradeCreatePermission, KEP-4006). The forward enters the pod's own network namespace, so
+    it takes no network policy's leave; RBAC cannot narrow it to one pod (their names are generated), so it reaches
+    every pod of the namespace it is granted in."""
     return [
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["get", "create"]},
     ]
 
 
