@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import celpy
 import pytest
 import yaml
 from owned_stacks import OWNED_STACKS
@@ -20,7 +21,14 @@ from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedRelease
 from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks, plan_stack, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
-from trainyard.platform.argo_workflows import API_SERVER_POLICY, EXECUTOR_ROLE, KEY_FORMAT
+from trainyard.platform.argo_workflows import (
+    API_SERVER_POLICY,
+    EXECUTOR_ROLE,
+    KEY_FORMAT,
+    NAMESPACE_POLICY,
+    WORKFLOW_LABEL_POLICY,
+    WORKFLOW_POD_LABEL,
+)
 
 # The tests' own AWS and local stacks, and every sample stack that turns Argo Workflows on: (name, stacks folder).
 Stack = tuple[str, Path]
@@ -53,8 +61,8 @@ def _controller_config(stack: Stack) -> dict[str, Any]:
 
 
 def _objects(stack: Stack, kind: str, name: str) -> dict[str, dict[str, Any]]:
-    """namespace -> the object of that kind and name the program creates there."""
-    return {m["metadata"]["namespace"]: m for m in (manifest_of(r) for r in _recording(stack).resources
+    """namespace (None: cluster-wide) -> the object of that kind and name the program creates there."""
+    return {m["metadata"].get("namespace"): m for m in (manifest_of(r) for r in _recording(stack).resources
                                                     if is_kubernetes_object(r) and r.type.rsplit(":", 1)[1] == kind)
             if m["metadata"]["name"] == name}
 
@@ -203,3 +211,97 @@ def test_the_server_account_reads_only_what_client_auth_leaves_to_it(stack: Stac
     assert own_namespace == {("", f"configmaps/{config_arg.removeprefix('--configmap=')}"): {"get"}}
     assert not [k for k in (*cluster_wide, *own_namespace) if k[1].startswith(("secrets", "pods"))]
     assert not [v for v in (*cluster_wide.values(), *own_namespace.values()) if v & _WRITES]
+
+
+def _deployment(stack: Stack, part: str) -> dict[str, Any]:
+    (deployment,) = [d for d in _release(stack).of_kind("Deployment") if d["metadata"]["name"].endswith(part)]
+    return deployment
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_executor_containers_run_as_the_restricted_profile_asks(stack: Stack) -> None:
+    """Every step's init and wait containers run argoexec with the controller's executor context, which the chart
+    leaves empty (and argoexec's default image runs as root)."""
+    context = _controller_config(stack)["executor"]["securityContext"]
+    # Kubernetes Pod Security Standards, "Restricted": non-root, no escalation, ALL dropped, RuntimeDefault seccomp.
+    assert context["runAsNonRoot"] is True and context["runAsUser"] > 0
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+    assert context["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
+    assert context["readOnlyRootFilesystem"] is True and context.get("privileged") is not True
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_server_takes_tokens_over_tls_only(stack: Stack) -> None:
+    server = _deployment(stack, "-server")["spec"]["template"]["spec"]["containers"][0]
+    assert "--secure=true" in server["args"] and not [a for a in server["args"] if a == "--secure=false"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"]["scheme"] == "HTTPS", probe
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_argo_namespace_takes_only_prometheus_scrapes_of_the_controller(stack: Stack) -> None:
+    settings = settings_of(read_stack(*stack))
+    (policy,) = _objects(stack, "NetworkPolicy", NAMESPACE_POLICY).values()
+    assert policy["metadata"]["namespace"] == _release(stack).namespace
+    assert policy["spec"]["podSelector"] == {} and policy["spec"]["policyTypes"] == ["Ingress"]
+    controller = _deployment(stack, "-workflow-controller")["spec"]["template"]["spec"]["containers"][0]
+    (metrics,) = [p["containerPort"] for p in controller["ports"] if p.get("name") == "metrics"]
+    monitors = list(_release(stack).of_kind("ServiceMonitor"))
+    if settings.addons.monitoring.enabled:
+        assert monitors, "the controller's metrics are scraped"
+        monitoring = _plan(stack).rendered.releases["kube-prometheus-stack"].namespace
+        assert policy["spec"]["ingress"] == [{
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": monitoring}}}],
+            "ports": [{"port": metrics, "protocol": "TCP"}]}]
+    else:
+        assert not monitors and policy["spec"]["ingress"] == []
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_two_controllers_spread_over_nodes(stack: Stack) -> None:
+    deployment = _deployment(stack, "-workflow-controller")
+    template = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] > 1
+    spread = {c["topologyKey"]: c for c in template["spec"].get("topologySpreadConstraints") or []}
+    for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone"):
+        selector = spread[key]["labelSelector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items(), key  # it counts these very pods
+        assert spread[key]["maxSkew"] == 1
+
+
+def _admits(spec: dict[str, Any], pod: dict[str, Any], user: str, old: dict[str, Any] | None = None) -> bool:
+    env = celpy.Environment()
+    bound = {"object": celpy.json_to_cel(pod), "oldObject": celpy.json_to_cel(old),
+             "request": celpy.json_to_cel({"userInfo": {"username": user},
+                                           "operation": "CREATE" if old is None else "UPDATE"})}
+    return all(bool(env.program(env.compile(v["expression"])).evaluate(bound)) for v in spec["validations"])
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_without_cilium_only_the_controller_labels_a_pod_as_a_workflows(stack: Stack) -> None:
+    """Where the API server policy selects workflow pods by their Workflow label, nobody else may set it: a
+    member's Volcano Job pods with it would get HTTPS egress to anywhere."""
+    cilium = settings_of(read_stack(*stack)).addons.cilium.enabled
+    policies = list(_objects(stack, "ValidatingAdmissionPolicy", WORKFLOW_LABEL_POLICY).values())
+    if cilium:  # selected by their service account there, and only towards the API server
+        assert policies == []
+        return
+    (policy,) = policies
+    (binding,) = _objects(stack, "ValidatingAdmissionPolicyBinding", WORKFLOW_LABEL_POLICY).values()
+    assert binding["spec"]["policyName"] == WORKFLOW_LABEL_POLICY and binding["spec"]["validationActions"] == ["Deny"]
+    tenant_namespaces = [n for n in _plan(stack).recording.resources if n.type == "kubernetes:core/v1:Namespace"
+                         and "trainyard.io/tenant" in (n.inputs["metadata"].get("labels") or {})]
+    assert tenant_namespaces and binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchExpressions": [{"key": "trainyard.io/tenant", "operator": "Exists"}]}
+    controller = _deployment(stack, "-workflow-controller")
+    account = (f"system:serviceaccount:{controller['metadata']['namespace']}:"
+               f"{controller['spec']['template']['spec']['serviceAccountName']}")
+    spec = policy["spec"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["pods"]
+    labelled = {"metadata": {"labels": {WORKFLOW_POD_LABEL: "pipeline-x"}}}
+    assert _admits(spec, labelled, account)
+    assert not _admits(spec, labelled, "system:serviceaccount:volcano-system:volcano-controllers")
+    assert _admits(spec, {"metadata": {"labels": {"volcano.sh/job-name": "x"}}}, "volcano-controllers")
+    assert _admits(spec, {"metadata": {}}, "anyone")
+    assert _admits(spec, labelled, "kubelet-or-gc", old=labelled)  # a pod keeps the label it was made with
+    assert not _admits(spec, labelled, "someone", old={"metadata": {"labels": {}}})

@@ -5,7 +5,9 @@ reference a WorkflowTemplate. Each tenant namespace gets what its pipeline's pod
 the tenant's pod identity on AWS (cloud/aws.py: the same S3 grant as its trainer, its own namespace prefix) and a Role
 holding what Argo's executor and the steps need in that namespace, nothing cluster-wide; and a network policy letting
 those pods, and only those, reach the API server, which the executor reports to (the tenant's default-deny policy
-allows no API traffic: platform/network_policy.py).
+allows no API traffic: platform/network_policy.py); without Cilium, whose policy selects them by their account, an
+admission policy keeps the label that policy selects on to the pods Argo's controller makes. The argo namespace
+itself takes no connection but Prometheus's scrapes of the controller.
 
 Artifacts go to the checkpoint bucket under `<namespace>/argo/` with the pods' own AWS credentials (`useSDKCreds`:
 the AWS SDK's default chain, which reads EKS Pod Identity; workflow/artifacts/s3/s3.go @ v4.0.10, GetCredentials), so
@@ -29,9 +31,14 @@ from trainyard.platform.kube import HelmChart, helm_release, k8s_options, labels
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
 from trainyard.platform.tenant_access import RBAC_GROUP, ui_access
+from trainyard.platform.tenants import TENANT_LABEL
 
 EXECUTOR_ROLE = "workflow-executor"
 API_SERVER_POLICY = "allow-workflow-api"
+NAMESPACE_POLICY = "argo-ingress"
+WORKFLOW_LABEL_POLICY = "trainyard-workflow-pod-label"
+# The controller's metrics port (chart 1.0.18 values.yaml controller.metricsConfig.port), which Prometheus scrapes.
+CONTROLLER_METRICS_PORT = 9090
 # Argo labels every pod of a Workflow with the Workflow's name (workflow/common/common.go LabelKeyWorkflow).
 WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"
 # Cilium labels each endpoint with its pod's service account (Cilium docs, Policy Language: "Service Accounts").
@@ -79,12 +86,52 @@ def api_server_policy(kind: NetworkPolicyKind, namespace: str, tenant_labels: Ma
             # The kube-apiserver entity (Cilium docs, Policy Language, "Entities Based").
             "egress": [{"toEntities": ["kube-apiserver"]}],
         }}
-    # Without Cilium the API server has no selector of its own: workflow pods may open HTTPS anywhere.
+    # Without Cilium the API server has no selector of its own: workflow pods may open HTTPS anywhere, so only Argo's
+    # controller may make pods with the label (workflow_label_policy).
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta, "spec": {
         "podSelector": {"matchExpressions": [{"key": WORKFLOW_POD_LABEL, "operator": "Exists"}]},
         "policyTypes": ["Egress"],
         "egress": [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}],
     }}
+
+
+def controller_account(release: str) -> str:
+    """The workflow controller's ServiceAccount, which creates every Workflow pod (chart templates/_helpers.tpl
+    argo-workflows.controllerServiceAccountName: the release's fullname + `-workflow-controller`)."""
+    return f"{release}-workflow-controller"
+
+
+def workflow_label_policy(controller: str) -> dict[str, Any]:
+    """Only Argo's controller makes pods that carry the Workflow label (a ValidatingAdmissionPolicy spec): where the
+    API server policy selects workflow pods by that label (no Cilium), a member's own Volcano Job pods could carry it
+    too and get HTTPS egress to anywhere. A pod keeps a label it already had (the controller relabels its own)."""
+    has = f"has(object.metadata.labels) && '{WORKFLOW_POD_LABEL}' in object.metadata.labels"
+    had = (f"request.operation == 'UPDATE' && has(oldObject.metadata.labels) && '{WORKFLOW_POD_LABEL}' in "
+           f"oldObject.metadata.labels && oldObject.metadata.labels['{WORKFLOW_POD_LABEL}'] == "
+           f"object.metadata.labels['{WORKFLOW_POD_LABEL}']")
+    account = f"system:serviceaccount:{names.WORKFLOWS_NAMESPACE}:{controller}"
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}]},
+        "validations": [{
+            "expression": f"!({has}) || request.userInfo.username == '{account}' || ({had})",
+            "message": f"only Argo's workflow controller ({account}) creates pods labelled {WORKFLOW_POD_LABEL}",
+            "reason": "Forbidden",
+        }],
+    }
+
+
+def namespace_policy(monitoring_namespace: str | None) -> dict[str, Any]:
+    """The argo namespace's pods take no connection but Prometheus scraping the controller's metrics. Members reach
+    the server with kubectl port-forward, which enters the pod's own network namespace, and the kubelet's probes
+    come from the node, which a NetworkPolicy always lets in (Kubernetes docs, "Network Policies")."""
+    sources = [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": monitoring_namespace}}}],
+                "ports": [{"port": CONTROLLER_METRICS_PORT, "protocol": "TCP"}]}] if monitoring_namespace else []
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": NAMESPACE_POLICY, "namespace": names.WORKFLOWS_NAMESPACE,
+                         "labels": labels("argo-workflows", "pipeline")},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": sources}}
 
 
 @dataclass(frozen=True)
@@ -96,6 +143,8 @@ class ArgoWorkflowsArgs:
     region: str | None
     tenants: Mapping[str, TenantFacts]
     network_policy: NetworkPolicyKind
+    # Where Prometheus runs (it scrapes the controller), or None without monitoring.
+    monitoring_namespace: str | None = None
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
 
 
@@ -112,15 +161,34 @@ class ArgoWorkflows(pulumi.ComponentResource):
                                     depends_on=args.depends_on)
         for tenant in sorted(args.tenants.values(), key=lambda t: t.name):
             self._tenant(name, tenant, args)
+        in_namespace = k8s_options(cluster, self, [self.release])
+        policy: Any = namespace_policy(args.monitoring_namespace)
+        k8s.networking.v1.NetworkPolicy(f"{name}-ingress-policy", metadata=policy["metadata"], spec=policy["spec"],
+                                        opts=in_namespace)
+        if args.network_policy == "kubernetes":
+            self._workflow_label_policy(name, args)
         # Members reach the UI through `kubectl port-forward` and sign in with their own token (client auth).
         ui_access(name, names.WORKFLOWS_NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None),
                   k8s_options(cluster, self, [self.release]))
         self.register_outputs({"release": self.release.id})
 
+    def _workflow_label_policy(self, name: str, args: ArgoWorkflowsArgs) -> None:
+        meta: Any = {"name": WORKFLOW_LABEL_POLICY, "labels": labels(WORKFLOW_LABEL_POLICY, "tenancy")}
+        spec: Any = workflow_label_policy(controller_account(args.chart.pin.release))
+        policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-workflow-label-policy", metadata=meta, spec=spec, opts=k8s_options(args.cluster, self))
+        # The tenants' namespaces: the platform's own pods elsewhere are not in question.
+        binding: Any = {"policyName": WORKFLOW_LABEL_POLICY, "validationActions": ["Deny"],
+                        "matchResources": {"namespaceSelector": {"matchExpressions": [
+                            {"key": TENANT_LABEL, "operator": "Exists"}]}}}
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-workflow-label-policy-binding", metadata=meta, spec=binding,
+            opts=k8s_options(args.cluster, self, [policy]))
+
     def _tenant(self, name: str, tenant: TenantFacts, args: ArgoWorkflowsArgs) -> None:
         cluster, ns = args.cluster, tenant.namespace
         prefix = f"{name}-{tenant.name}"
-        tenant_labels = labels("workflow", "pipeline", **{"trainyard.io/tenant": tenant.name})
+        tenant_labels = labels("workflow", "pipeline", **{TENANT_LABEL: tenant.name})
         opts = k8s_options(cluster, self, list(tenant.ready))
         account = k8s.core.v1.ServiceAccount(
             f"{prefix}-account",
@@ -148,6 +216,7 @@ def build(ctx: AddonContext) -> ArgoWorkflows:
     return ArgoWorkflows(ctx.addon.resource_name, ArgoWorkflowsArgs(
         chart=ctx.chart(release), cluster=cluster, artifact_bucket=cluster.checkpoint_bucket, region=cluster.region,
         tenants=ctx.tenants, network_policy="cilium" if any(a.cni for a in ctx.enabled) else "kubernetes",
+        monitoring_namespace=ctx.catalogue.chart("kube-prometheus-stack").namespace if ctx.monitoring else None,
         depends_on=ctx.monitored if ctx.addon.service_monitors else ctx.after))
 
 
