@@ -9,7 +9,7 @@ from typing import Any
 
 from owned_stacks import OWNED_STACKS
 from rehearsal_records import rehearsed
-from trainyard.plan.pods import requests_of
+from trainyard.plan.pods import operated, requests_of
 from trainyard.plan.recording import Recording
 from trainyard.plan.resource_types import VOLCANO_JOB
 from trainyard.plan.runtime import read_stack, render
@@ -67,3 +67,13 @@ def test_the_rehearsal_reads_accelerators_asked_for_by_limits() -> None:
     gpu_jobs = {job.urn for job in jobs if any(r.startswith("nvidia.com/") for p, _ in task_pods(job)
                                                for r in p.requests)}
     assert gpu_jobs and gpu_jobs <= findings
+
+
+def test_a_sharded_prometheus_runs_replicas_times_shards_pods() -> None:
+    """prometheus-operator makes one StatefulSet of spec.replicas pods per shard (shards-and-replicas.md)."""
+    def prometheus(kind: str, **spec: int) -> dict[str, Any]:
+        return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind, "metadata": {"name": "p"}, "spec": spec}
+
+    made = [operated(prometheus("Prometheus", replicas=2, shards=3)), operated(prometheus("Prometheus", replicas=2)),
+            operated(prometheus("Alertmanager", replicas=2))]
+    assert [w.replicas for w in made if w is not None] == [6, 2, 2]

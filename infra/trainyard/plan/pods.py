@@ -137,7 +137,9 @@ def workloads(objects: Iterator[Mapping[str, Any]] | tuple[Mapping[str, Any], ..
 # Custom resources whose operator makes pods with the resource's own placement: prometheus-operator copies
 # spec.nodeSelector, tolerations, affinity and volumes into the StatefulSet it makes for a Prometheus, Alertmanager
 # or ThanosRuler (prometheus-operator pkg/prometheus/server/statefulset.go makeStatefulSetSpec, and alike in
-# pkg/alertmanager, pkg/thanos), and spec.resources into the main container.
+# pkg/alertmanager, pkg/thanos), and spec.resources into the main container. A Prometheus with spec.shards N runs N
+# StatefulSets of spec.replicas pods each (prometheus-operator Documentation/user-guides/shards-and-replicas.md:
+# "shards multiplied by replicas pods"); the other kinds have no shards.
 OPERATED_KINDS = {"monitoring.coreos.com": frozenset({"Prometheus", "Alertmanager", "ThanosRuler"})}
 
 
@@ -149,8 +151,9 @@ def operated(obj: Mapping[str, Any]) -> Workload | None:
     spec = obj.get("spec") or {}
     template = {key: spec[key] for key in ("nodeSelector", "tolerations", "affinity", "volumes") if key in spec}
     template["containers"] = [{"resources": spec.get("resources") or {}}]
+    shards = int(spec.get("shards", 1) or 1) if obj["kind"] == "Prometheus" else 1
     return Workload(kind=str(obj["kind"]), name=str(lookup(obj, "metadata.name")),
-                    replicas=int(spec.get("replicas", 1) or 0), spec=template, hooks=frozenset())
+                    replicas=int(spec.get("replicas", 1) or 0) * shards, spec=template, hooks=frozenset())
 
 
 def pod_makers(objects: Iterator[Mapping[str, Any]] | tuple[Mapping[str, Any], ...]) -> list[Workload]:
