@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 from owned_stacks import OWNED_STACKS
-from rehearsal_records import Match, edited, rehearsed
+from rehearsal_records import Match, edited, rec, rehearsed
 from trainyard.paths import REPO_ROOT
+from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.node_image import missing_path
 from trainyard.plan.pods import workloads
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rehearse import Finding
-from trainyard.plan.rendering import RELEASE, chart_name, render_releases
+from trainyard.plan.rendering import RELEASE, RenderedRelease, RenderedStack, chart_name, render_releases
 from trainyard.plan.rules import custom_resources
+from trainyard.plan.rules.base import Moment
 from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.platform.registry import load_registry
 
@@ -353,3 +355,26 @@ def test_the_cni_taint_stays_when_its_operator_may_not_patch_nodes() -> None:
     named = {f.problem.split("lands on a new ", 1)[1].split(" node:")[0] for f in findings
              if "removes its startup taint node.cilium.io/agent-not-ready" in f.problem}
     assert pools and named == pools
+
+
+def test_a_custom_resource_needs_its_own_kinds_crd_not_one_of_its_group() -> None:
+    """The API server maps a kind (cli-runtime mapper.go "no matches for kind"): a release that waits for the chart
+    bringing one CRD of a group still fails on a kind whose CRD another chart brings."""
+    def crd(kind: str) -> dict[str, Any]:
+        return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": f"{kind.lower()}s.example.io"},
+                "spec": {"group": "example.io", "names": {"kind": kind}, "scope": "Namespaced"}}
+
+    def release(name: str, *objects: dict[str, Any]) -> RenderedRelease:
+        return RenderedRelease(name, "default", name, "1.0.0", objects)
+
+    bar = {"apiVersion": "example.io/v1", "kind": "Bar", "metadata": {"name": "bar"}}
+    rendered = RenderedStack({"foo": release("foo", crd("Foo")), "bars": release("bars", crd("Bar")),
+                              "user": release("user", bar)})
+    empty = cluster_state([], rendered)
+    moment = Moment(before=replace(empty, charts=frozenset({"foo"})), after=empty, records={}, rendered=rendered)
+    problem = custom_resources.custom_resources_after_their_crds.check(rec(RELEASE, "user", {"name": "user"}), moment)
+    assert problem is not None and "Bar/bar (example.io), whose CRD comes with bars," in problem
+    moment = replace(moment, before=replace(empty, charts=frozenset({"bars"})))
+    assert custom_resources.custom_resources_after_their_crds.check(rec(RELEASE, "user", {"name": "user"}),
+                                                                    moment) is None

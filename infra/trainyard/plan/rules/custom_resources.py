@@ -49,19 +49,20 @@ def crd_installed(record: ResourceRecord, moment: Moment) -> str | None:
     return None
 
 
-def _crd_releases(moment: Moment) -> dict[str, set[str]]:
-    """API group -> the charts (by chart name) whose render defines a CRD of it, or that register it at run time
-    (platform/addons.yaml `crds`: cilium-operator creates cilium.io's)."""
-    served: dict[str, set[str]] = {}
+def _crd_releases(moment: Moment) -> dict[tuple[str, str], set[str]]:
+    """(API group, kind) -> the charts (by chart name) whose render defines that kind's CRD; (group, "") -> the chart
+    platform/addons.yaml names for the group (`crds`), for kinds no render defines (cilium-operator registers
+    cilium.io's at run time)."""
+    served: dict[tuple[str, str], set[str]] = {}
     for release, obj in moment.rendered.objects():
         if obj.get("kind") == "CustomResourceDefinition" and (group := lookup(obj, "spec.group")):
-            served.setdefault(str(group), set()).add(release.chart)
+            served.setdefault((str(group), str(lookup(obj, "spec.names.kind"))), set()).add(release.chart)
     for group, chart in crd_charts().items():
-        served.setdefault(group, set()).add(chart)
+        served.setdefault((group, ""), set()).add(chart)
     return served
 
 
-# Helm maps every object of a release to a served API before it creates any (pkg/action/install.go
+# Helm maps every object of a release to a served API, kind by kind, before it creates any (pkg/action/install.go
 # KubeClient.Build, "unable to build kubernetes objects from release manifest"; k8s.io/cli-runtime
 # pkg/resource/mapper.go "no matches for kind ... ensure CRDs are installed first"), and a template that asks
 # `.Capabilities.APIVersions.Has` gets the cluster's discovery at that moment: a custom resource a release renders
@@ -73,7 +74,8 @@ def custom_resources_after_their_crds(record: ResourceRecord, moment: Moment) ->
     served = _crd_releases(moment)
     for obj in release.objects:
         group = str(obj.get("apiVersion", "")).rpartition("/")[0]
-        charts = served.get(group)
+        # The API server maps a kind, not a group: the kind's own CRD, else the group's run-time registration.
+        charts = served.get((group, str(obj.get("kind")))) or served.get((group, ""))
         if not charts or release.chart in charts or charts & moment.before.charts:
             continue
         return (f"it renders {obj.get('kind')}/{lookup(obj, 'metadata.name')} ({group}), whose CRD comes with "
