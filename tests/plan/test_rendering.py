@@ -349,6 +349,22 @@ def test_a_different_binary_is_refused(tmp_path: Path) -> None:
         helm.helm_binary.__wrapped__(tmp_path / "missing")
 
 
+def test_a_helm_binary_this_machine_cannot_run_is_one_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verified binary on a machine that cannot execute it (arm64, a noexec mount): InputError, no traceback."""
+    fake = tmp_path / "helm"
+    fake.write_bytes(b"\x7fELF not for this machine")
+    fake.chmod(0o755)
+    monkeypatch.setattr(helm, "HELM", dataclasses.replace(helm.HELM, sha256=helm.file_sha256(fake)))
+    monkeypatch.setattr(helm, "helm_binary", lambda: fake)
+    with pytest.raises(helm.InputError, match=r"^cannot run Helm .*/helm: Exec format error; install it"):
+        helm.package(tmp_path, version="1.0.0", app_version="1.0.0", destination=tmp_path / "out")
+    monkeypatch.undo()
+    monkeypatch.setattr(helm, "HELM", dataclasses.replace(helm.HELM, sha256=helm.file_sha256(fake)))
+    monkeypatch.setattr(helm.platform, "machine", lambda: "aarch64")
+    with pytest.raises(helm.InputError, match=r"is a linux-amd64 binary and this machine is Linux aarch64"):
+        helm.helm_binary.__wrapped__(fake)
+
+
 def test_plan_cli_stops_on_a_release_that_does_not_render(tmp_path: Path) -> None:
     """One message naming the release, exit 2, no traceback, nothing written."""
     upstream = tmp_path / "up"

