@@ -124,6 +124,32 @@ def test_a_refused_release_names_the_release_and_the_key(tmp_path: Path, demo: P
     assert named in message and "\n" not in message
 
 
+def test_a_namespaced_object_the_chart_leaves_without_a_namespace_gets_the_releases(tmp_path: Path, demo: Path) -> None:
+    """Helm's client puts it there (pkg/kube/client.go DefaultNamespace): the plan, the rules and the policy read it
+    as installed."""
+    rendered = _render(tmp_path, {"name": "web"}).releases["demo"]
+    assert {(o["kind"], o["metadata"].get("namespace")) for o in rendered.objects} >= {("Deployment", "demo"),
+                                                                                       ("Secret", "demo")}
+
+
+def test_only_kinds_known_to_be_namespaced_are_placed() -> None:
+    crds = [{"kind": "CustomResourceDefinition", "metadata": {"name": f"{plural}.example.io"},
+             "spec": {"group": "example.io", "scope": scope, "names": {"kind": kind}, "versions": [{"name": "v1"}]}}
+            for plural, kind, scope in (("queues", "Queue", "Cluster"), ("jobs", "Job", "Namespaced"))]
+    namespaced = rendering.namespaced_kinds(["apps/v1/DaemonSet", "rbac.authorization.k8s.io/v1/Role",
+                                             "rbac.authorization.k8s.io/v1/ClusterRole", "apps/v1"], crds)
+    objects = ({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "a"}},
+               {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "b",
+                                                                                         "namespace": "other"}},
+               {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "c"}},
+               {"apiVersion": "example.io/v1", "kind": "Queue", "metadata": {"name": "d"}},
+               {"apiVersion": "example.io/v1", "kind": "Job", "metadata": {"name": "e"}},
+               {"apiVersion": "cilium.io/v2", "kind": "CiliumNodeConfig", "metadata": {"name": "f"}})  # scope unseen
+    placed = {o["metadata"]["name"]: o["metadata"].get("namespace") for o in
+              rendering.as_installed(objects, "system", namespaced)}
+    assert placed == {"a": "system", "b": "other", "c": None, "d": None, "e": "system", "f": None}
+
+
 def test_a_release_without_its_chart_tree_is_refused_naming_what_to_run(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match=r"Helm release demo: no chart source tree for demo 1\.0\.0.*upstream\.py"):
         _render(tmp_path, {"name": "web"})

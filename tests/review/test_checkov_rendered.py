@@ -31,35 +31,6 @@ REASONS_GLOB = "platform/*/checkov.yaml"
 
 pytestmark = pytest.mark.checkov
 
-# Built-in kinds without a namespace (`kubectl api-resources --namespaced=false`, Kubernetes v1.34); a custom
-# resource's scope is its CRD's spec.scope.
-CLUSTER_SCOPED = frozenset({
-    "APIService", "CertificateSigningRequest", "ClusterRole", "ClusterRoleBinding", "ClusterTrustBundle",
-    "CSIDriver", "CSINode", "CustomResourceDefinition", "DeviceClass", "FlowSchema", "IngressClass", "IPAddress",
-    "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "MutatingWebhookConfiguration", "Namespace", "Node",
-    "PersistentVolume", "PriorityClass", "PriorityLevelConfiguration", "ResourceSlice", "RuntimeClass", "ServiceCIDR",
-    "StorageClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
-    "VolumeAttachment", "VolumeAttributesClass",
-})
-
-
-def cluster_scoped_kinds(releases: Iterable[RenderedRelease]) -> frozenset[str]:
-    crds = {str(o["spec"]["names"]["kind"]) for r in releases for o in r.of_kind("CustomResourceDefinition")
-            if o["spec"].get("scope") == "Cluster"}
-    return CLUSTER_SCOPED | crds
-
-
-def as_installed(release: RenderedRelease, cluster_kinds: frozenset[str]) -> RenderedRelease:
-    """The objects as the cluster receives them: Helm's client puts a namespaced object that names no namespace
-    into the release's (helm/helm v3.19.0 pkg/kube/client.go newBuilder: NamespaceParam(ns).DefaultNamespace())."""
-    def placed(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-        meta = obj.get("metadata") or {}
-        if obj.get("kind") in cluster_kinds or meta.get("namespace"):
-            return obj
-        return {**obj, "metadata": {**meta, "namespace": release.namespace}}
-    return dataclasses.replace(release, objects=tuple(placed(o) for o in release.objects))
-
-
 @dataclasses.dataclass(frozen=True)
 class Reason:
     why: str
@@ -96,11 +67,10 @@ def report_of(releases: tuple[RenderedRelease, ...]) -> ChartReport:
     binary = checkov_binary()
     if binary is None:
         pytest.fail(f"checkov not installed: `make test` installs checkov=={CHECKOV_VERSION} in .venv-checkov")
-    kinds = cluster_scoped_kinds(releases)
     with tempfile.TemporaryDirectory() as tmp:
         out, by_dir = Path(tmp), {}
         for release in releases:
-            for relative, text in rendered_files(as_installed(release, kinds)).items():
+            for relative, text in rendered_files(release).items():
                 path = out / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
@@ -184,14 +154,3 @@ def test_a_second_object_failing_a_check_its_release_has_a_reason_for_is_named()
     checks = {line.split(": ")[1].split(" fails")[0] for line in found}
     assert "CKV_K8S_16" in checks and all(("cilium", check) in reasons for check in checks)  # each has a reason
     assert found == [f"cilium: {check} fails on daemonset.cilium-envoy" for check in sorted(checks)]
-
-
-def test_helm_places_a_namespaced_object_in_the_release_namespace_and_leaves_cluster_objects_alone() -> None:
-    crd = {"kind": "CustomResourceDefinition", "metadata": {"name": "queues.scheduling.volcano.sh"},
-           "spec": {"scope": "Cluster", "names": {"kind": "Queue"}}}
-    objects = ({"kind": "DaemonSet", "metadata": {"name": "a"}}, {"kind": "Role", "metadata": {"name": "b",
-                "namespace": "other"}}, {"kind": "ClusterRole", "metadata": {"name": "c"}},
-               {"kind": "Queue", "metadata": {"name": "d"}}, crd)
-    release = RenderedRelease("volcano", "volcano-system", "volcano", "1.0.0", objects)
-    placed = as_installed(release, cluster_scoped_kinds([release])).objects
-    assert [o["metadata"].get("namespace") for o in placed] == ["volcano-system", "other", None, None, None]

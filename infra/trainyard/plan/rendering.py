@@ -128,7 +128,8 @@ def render_releases(recording: Recording, kube_version: str, *, upstream: Path |
         raise RenderError(f"two Helm releases share a name: {sorted(n for n in names if names.count(n) > 1)[0]}")
     renderer = _Renderer({r.name: _tree(data, r) for r in wanted}, kube_version,
                          cache_dir or render_cache.default_cache_dir(), CommittedRenders(plans))
-    base = _builtin_api_versions(kube_version) + _runtime_api_versions(recording.resources, wanted)
+    builtin = _builtin_api_versions(kube_version)
+    base = builtin + _runtime_api_versions(recording.resources, wanted)
     # Pass 1: the charts that bring CRDs, against what the cluster serves without them; their CRDs complete the
     # API versions. Pass 2: every other chart, and those of pass 1 whose `.Capabilities` checks answer
     # differently now (checked on the literal strings each tree asks for).
@@ -146,9 +147,11 @@ def render_releases(recording: Recording, kube_version: str, *, upstream: Path |
     # agree up to here, then differ) renders now.
     renderer.render([r for r in wanted if renderer.done[r.name][1].objects is None],
                     None, committed=False)
+    renders = {name: (key, render.objects or ()) for name, (key, render, _) in renderer.done.items()}
+    namespaced = namespaced_kinds(builtin, [obj for _, objects in renders.values() for obj in objects])
     rendered = {r.name: RenderedRelease(r.name, r.namespace, r.chart, r.version,
-                                        renderer.done[r.name][1].objects or (), renderer.done[r.name][0],
-                                        dict(renderer.history[r.name])) for r in wanted}
+                                        as_installed(renders[r.name][1], r.namespace, namespaced),
+                                        renders[r.name][0], dict(renderer.history[r.name])) for r in wanted}
     if renderer.runs:
         render_cache.prune_cache(renderer.store)
     return RenderedStack(releases=rendered, api_versions=full, renders=renderer.runs)
@@ -237,6 +240,44 @@ def _builtin_api_versions(kube_version: str) -> tuple[str, ...]:
             group_version = f"{group}/{api}" if group else api
             found |= {group_version, f"{group_version}/{kind}"}
     return tuple(sorted(found))
+
+
+# Built-in kinds without a namespace (`kubectl api-resources --namespaced=false`, Kubernetes v1.34).
+CLUSTER_SCOPED = frozenset({
+    "APIService", "CertificateSigningRequest", "ClusterRole", "ClusterRoleBinding", "ClusterTrustBundle",
+    "CSIDriver", "CSINode", "CustomResourceDefinition", "DeviceClass", "FlowSchema", "IngressClass", "IPAddress",
+    "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "MutatingWebhookConfiguration", "Namespace", "Node",
+    "PersistentVolume", "PriorityClass", "PriorityLevelConfiguration", "ResourceSlice", "RuntimeClass", "ServiceCIDR",
+    "StorageClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+    "VolumeAttachment", "VolumeAttributesClass",
+})
+
+
+def namespaced_kinds(builtin: Iterable[str], objects: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, str]]:
+    """(apiVersion, kind) of every kind known to live in a namespace: the built-in ones (`group/version/Kind` of
+    the cluster's discovery) outside CLUSTER_SCOPED, and those of the rendered CRDs with scope Namespaced."""
+    found = {tuple(api.rsplit("/", 1)) for api in builtin if api.rsplit("/", 1)[-1][:1].isupper()
+             and api.rsplit("/", 1)[-1] not in CLUSTER_SCOPED}
+    for crd in objects:
+        spec = crd.get("spec") or {} if crd.get("kind") == "CustomResourceDefinition" else {}
+        if spec.get("scope") == "Namespaced":
+            kind = str((spec.get("names") or {}).get("kind"))
+            found |= {(f"{spec.get('group')}/{v.get('name')}", kind) for v in spec.get("versions") or ()}
+    return frozenset((str(api), str(kind)) for api, kind in found)
+
+
+def as_installed(objects: tuple[Mapping[str, Any], ...], namespace: str,
+                  namespaced: frozenset[tuple[str, str]]) -> tuple[Mapping[str, Any], ...]:
+    """The objects as the cluster receives them: Helm's client puts a namespaced object that names no namespace into
+    the release's (helm/helm v3.19.0 pkg/kube/client.go newBuilder: NamespaceParam(ns).DefaultNamespace();
+    pulumi-kubernetes helm_release.go getActionConfig gives it the Release's namespace). A kind whose scope the plan
+    cannot see (a CRD registered at run time) is left as rendered."""
+    def placed(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        meta = obj.get("metadata") or {}
+        if meta.get("namespace") or (str(obj.get("apiVersion")), str(obj.get("kind"))) not in namespaced:
+            return obj
+        return {**obj, "metadata": {**meta, "namespace": namespace}}
+    return tuple(sorted(map(placed, objects), key=object_key))
 
 
 def _runtime_api_versions(records: Iterable[ResourceRecord], releases: list[_Release]) -> tuple[str, ...]:
