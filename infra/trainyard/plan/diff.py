@@ -1,4 +1,5 @@
-"""What a change does to each stack: resources added/changed/removed, capacity and cost deltas.
+"""What a change does to each stack: resources added/changed/removed, capacity and cost deltas, and the CRDs of a
+chart's crds/ that the change alters but `pulumi up` does not apply (`crd_upgrades`).
 
 The comparison (`diff_stack`) is a pure function over two renders; `render_at` produces a render of any git ref
 by running that ref's own code in a subprocess, so a diff never mixes base and head code.
@@ -15,13 +16,15 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from trainyard.config.yaml_input import InputError
 from trainyard.plan.capacity import HOURS_PER_MONTH, PoolCapacity
+from trainyard.plan.crd_upgrades import CrdNotApplied, not_applied
 from trainyard.plan.recording import ResourceRecord
+from trainyard.plan.rendering import chart_trees
 
 Format = Literal["markdown", "text"]
 # Options that change what the engine does with a resource, compared alongside its inputs.
@@ -55,6 +58,7 @@ class StackDiff:
     removed: tuple[str, ...] = ()
     changed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # URN -> changed paths
     pools: tuple[PoolDelta, ...] = ()
+    crds: tuple[CrdNotApplied, ...] = ()  # CRDs the change alters that Helm's upgrade leaves as they are
 
     @property
     def hourly_usd(self) -> float:
@@ -70,7 +74,7 @@ class StackDiff:
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.removed or self.changed or self.pools)
+        return not (self.added or self.removed or self.changed or self.pools or self.crds)
 
 
 def changed_paths(before: Any, after: Any, prefix: str = "") -> list[str]:
@@ -116,7 +120,7 @@ def pool_deltas(base: Sequence[PoolCapacity], head: Sequence[PoolCapacity]) -> t
     return tuple(deltas)
 
 
-def diff_stack(stack: str, base: StackRender, head: StackRender) -> StackDiff:
+def diff_stack(stack: str, base: StackRender, head: StackRender, crds: Sequence[CrdNotApplied] = ()) -> StackDiff:
     before = {r.urn: r for r in base.resources}
     after = {r.urn: r for r in head.resources}
     changed = {urn: paths for urn in sorted(set(before) & set(after))
@@ -127,6 +131,7 @@ def diff_stack(stack: str, base: StackRender, head: StackRender) -> StackDiff:
         removed=tuple(sorted(set(before) - set(after))),
         changed=changed,
         pools=pool_deltas(base.pools, head.pools),
+        crds=tuple(crds),
     )
 
 
@@ -157,6 +162,9 @@ def format_diff(diffs: Sequence[StackDiff], fmt: Format = "markdown", base_ref: 
         lines += _resource_lines(d, markdown)
         if d.pools:
             lines += _pool_lines(d, markdown)
+        if d.crds:
+            lines += ["", "CRDs `pulumi up` will not apply (Helm installs a chart's crds/ on a release's first install "
+                      "only): apply each before `pulumi up`:", *(f"{'-' if markdown else ' '} {c}" for c in d.crds)]
     return "\n".join(lines) + "\n"
 
 
@@ -307,4 +315,7 @@ def diff_against(repo: Path, ref: str, stacks: Sequence[str]) -> list[StackDiff]
     head = render_tree(repo, stacks)
     with checkout(repo, ref) as base_root:
         base = render_tree(base_root, stacks, revision=ref)
-    return [diff_stack(s, base.get(s, StackRender(exists=False)), head[s]) for s in stacks]
+        crds = {s: [replace(c, source=c.source.relative_to(repo)) if c.source.is_relative_to(repo) else c
+                    for c in not_applied(base_root / "plans" / s, repo / "plans" / s, chart_trees(head[s].resources))]
+                for s in stacks}
+    return [diff_stack(s, base.get(s, StackRender(exists=False)), head[s], crds[s]) for s in stacks]

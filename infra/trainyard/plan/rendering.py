@@ -157,6 +157,12 @@ def render_releases(recording: Recording, kube_version: str, *, upstream: Path |
     return RenderedStack(releases=rendered, api_versions=full, renders=renderer.runs)
 
 
+def chart_trees(records: Iterable[ResourceRecord], upstream: Path | None = None) -> dict[str, Path]:
+    """Release name -> the chart source tree it renders (RenderError where the tree is missing)."""
+    data = upstream or upstream_dir()
+    return {r.name: _tree(data, r) for r in releases_of(records)}
+
+
 def _tree(data: Path, release: _Release) -> Path:
     tree = data / "chart-src" / release.chart / release.version
     if not (tree / "Chart.yaml").is_file():
