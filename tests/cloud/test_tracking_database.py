@@ -6,20 +6,16 @@ Every expectation comes from the stack's own settings, so an edited stack is che
 from __future__ import annotations
 
 import pytest
-from aws_plan import AWS_STACKS, of_type, one, plan
+from aws_plan import of_type, one, plan
+from owned_stacks import Stack, stack_settings, stacks_where
 from trainyard import names
 from trainyard.cloud.database import ENGINE_MAJOR, PORT
-from trainyard.config import Settings
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, settings_of
 from trainyard.platform.mlflow import POSTGRES_IMAGE
 
 INSTANCE = "aws:rds/instance:Instance"
-TRACKING_STACKS = [s for s in AWS_STACKS if settings_of(read_stack(s)).addons.mlflow.enabled]
-
-
-def _settings(stack: str) -> Settings:
-    return settings_of(read_stack(stack))
+# The tests' fleet (so something is always checked), then every AWS stack of stacks/ that turns MLflow on.
+TRACKING_STACKS = stacks_where(lambda s: s.is_aws and s.addons.mlflow.enabled)
 
 
 def _in_database(rec: Recording, type_: str) -> list[ResourceRecord]:
@@ -34,13 +30,9 @@ def _in_database(rec: Recording, type_: str) -> list[ResourceRecord]:
     return [r for r in of_type(rec, type_) if inside(r)]
 
 
-def test_some_aws_stack_tracks_experiments() -> None:
-    assert TRACKING_STACKS, "no AWS stack turns MLflow on: nothing below is checked"
-
-
 @pytest.mark.parametrize("stack", TRACKING_STACKS)
-def test_instance_is_protected_encrypted_and_private(stack: str) -> None:
-    settings, rec = _settings(stack), plan(stack)
+def test_instance_is_protected_encrypted_and_private(stack: Stack) -> None:
+    settings, rec = stack_settings(stack), plan(*stack)
     db = settings.addons.mlflow.database
     instance = one(rec, INSTANCE)
     inputs = instance.inputs
@@ -63,8 +55,8 @@ def test_instance_is_protected_encrypted_and_private(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", TRACKING_STACKS)
-def test_only_the_cluster_nodes_reach_it_over_tls(stack: str) -> None:
-    rec = plan(stack)
+def test_only_the_cluster_nodes_reach_it_over_tls(stack: Stack) -> None:
+    rec = plan(*stack)
     instance = one(rec, INSTANCE)
     (group,) = _in_database(rec, "aws:ec2/securityGroup:SecurityGroup")
     assert instance.inputs["vpcSecurityGroupIds"] == [f"{group.name}-id"]
@@ -81,9 +73,10 @@ def test_only_the_cluster_nodes_reach_it_over_tls(stack: str) -> None:
     assert {i.removesuffix("-id") for i in subnets.inputs["subnetIds"]} <= private
 
 
-def test_tracking_database_survives_a_cluster_rebuild() -> None:
+@pytest.mark.parametrize("stack", TRACKING_STACKS)
+def test_tracking_database_survives_a_cluster_rebuild(stack: Stack) -> None:
     """Nothing of the database hangs off the EKS cluster: a replaced cluster leaves the instance in place."""
-    rec = plan(TRACKING_STACKS[0])
+    rec = plan(*stack)
     cluster = one(rec, "aws:eks/cluster:Cluster")
     for r in [one(rec, INSTANCE), *_in_database(rec, "aws:kms/key:Key")]:
         assert r.deleted_with is None
@@ -91,10 +84,10 @@ def test_tracking_database_survives_a_cluster_rebuild() -> None:
 
 
 @pytest.mark.parametrize("stack", TRACKING_STACKS)
-def test_tracking_server_holds_no_aws_role(stack: str) -> None:
+def test_tracking_server_holds_no_aws_role(stack: Stack) -> None:
     """Without MLflow's auth app any tenant may ask the server for any run's artifacts, which it reads with its own
     credentials (mlflow 3.17.2 handlers.py get_artifact_handler): it must have none; clients use their own."""
-    rec = plan(stack)
+    rec = plan(*stack)
     accounts = {(a.inputs["namespace"], a.inputs["serviceAccount"])
                 for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert (names.MLFLOW.namespace, names.MLFLOW.name) not in accounts

@@ -12,38 +12,40 @@ import functools
 from typing import Any
 
 import pytest
+from owned_stacks import Stack, stack_file, stack_settings, stacks_where
 from trainyard.config.rules import INTERRUPTION_REACTION_SECONDS, SPOT_NOTICE_SECONDS
 from trainyard.names import POOL_LABEL
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import render
 
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
-AWS_STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).is_aws]
+# The tests' fleet (its smoke job runs on a spot pool), then every AWS stack of stacks/.
+AWS_STACKS = stacks_where(lambda s: s.is_aws)
 
 
 @functools.cache
-def _program(stack: str) -> Recording:
-    return render(read_stack(stack))
+def _program(stack: Stack) -> Recording:
+    return render(stack_file(stack))
 
 
 def _flag(args: list[str], prefix: str) -> int:
     return int(next(a for a in args if a.startswith(prefix)).split("=", 1)[1])
 
 
-def _pods(stack: str) -> dict[str, dict[str, Any]]:
+def _pods(stack: Stack) -> dict[str, dict[str, Any]]:
     return {r.inputs["metadata"]["name"]: r.inputs["spec"]["tasks"][0]["template"]
             for r in _program(stack).resources if r.type == JOB}
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_training_pods_are_evictable_by_the_interruption_drain(stack: str) -> None:
+def test_training_pods_are_evictable_by_the_interruption_drain(stack: Stack) -> None:
     for name, pod in _pods(stack).items():
         assert "karpenter.sh/do-not-disrupt" not in (pod["metadata"].get("annotations") or {}), name
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_gpu_pools_never_disrupt_a_busy_node_voluntarily(stack: str) -> None:
+def test_gpu_pools_never_disrupt_a_busy_node_voluntarily(stack: Stack) -> None:
     """What the annotation used to promise, held by the NodePools: only empty nodes are consolidated, no budget
     for drift or underutilization, no expiry (Karpenter disruption docs: budgets by reason)."""
     pools = [r.inputs["spec"] for r in _program(stack).resources if r.type == NODE_POOL]
@@ -57,8 +59,8 @@ def test_gpu_pools_never_disrupt_a_busy_node_voluntarily(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)
-def test_spot_jobs_checkpoint_within_the_notice(stack: str) -> None:
-    settings = settings_of(read_stack(stack))
+def test_spot_jobs_checkpoint_within_the_notice(stack: Stack) -> None:
+    settings = stack_settings(stack)
     spot_pools = {p.name for p in settings.node_pools if "spot" in p.capacity_types}
     checked = 0
     for name, pod in _pods(stack).items():
