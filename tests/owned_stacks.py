@@ -52,6 +52,12 @@ def stacks_where(has: Callable[[Settings], bool]) -> list[Any]:
     return [pytest.param(stack, id=stack[0]) for stack in [*owned, *samples]]
 
 
+def fleet_and_samples_where(has: Callable[[Settings], bool]) -> list[Any]:
+    """As stacks_where, with the fleet alone of the owned stacks (where the laptop would add a render and no case)."""
+    assert has(stack_settings(FLEET)), "the fleet (tests/fixtures/stacks) lacks the feature under test: add it"
+    return [pytest.param(stack, id=stack[0]) for stack in [FLEET, *sample_stacks()] if has(stack_settings(stack))]
+
+
 def every_stack() -> list[Any]:
     """Test parameters: the owned stacks, then every sample stack."""
     return stacks_where(lambda _: True)

@@ -11,25 +11,26 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import Stack, fleet_and_samples_where, stack_file
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.rendering import RenderedRelease
-from trainyard.plan.runtime import available_stacks, plan_stack, read_stack, settings_of
+from trainyard.plan.runtime import plan_stack
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_CRD = upstream_dir(REPO) / "crds" / "batch.volcano.sh" / "job_v1alpha1.json"
 RULES = REPO / "platform" / "monitoring" / "rules" / "training.rules.yaml"
-STACKS = [s for s in available_stacks()
-          if settings_of(read_stack(s)).addons.volcano.enabled and settings_of(read_stack(s)).addons.monitoring.enabled]
+# The tests' fleet, then every stack of stacks/ with Volcano and monitoring on.
+STACKS = fleet_and_samples_where(lambda s: s.addons.volcano.enabled and s.addons.monitoring.enabled)
 
 
 @cache
-def _monitoring(stack: str) -> RenderedRelease:
-    (release,) = [r for r in plan_stack(read_stack(stack)).rendered.releases.values()
+def _monitoring(stack: Stack) -> RenderedRelease:
+    (release,) = [r for r in plan_stack(stack_file(stack)).rendered.releases.values()
                   if r.chart == "kube-prometheus-stack"]
     return release
 
 
-def _job_metrics(stack: str) -> dict[str, list[str]]:
+def _job_metrics(stack: Stack) -> dict[str, list[str]]:
     """Metric name -> the Job field it reads, from the rendered custom-resource-state config."""
     release = _monitoring(stack)
     (deployment,) = [d for d in release.of_kind("Deployment") if d["metadata"]["name"].endswith("kube-state-metrics")]
@@ -53,7 +54,7 @@ def _schema_has(schema: dict[str, Any], path: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_retry_metrics_read_fields_the_job_crd_has(stack: str) -> None:
+def test_the_retry_metrics_read_fields_the_job_crd_has(stack: Stack) -> None:
     metrics = _job_metrics(stack)
     assert {"trainyard_volcano_job_retry_count", "trainyard_volcano_job_max_retry"} <= set(metrics)
     schema = json.loads(JOB_CRD.read_text())
@@ -63,7 +64,7 @@ def test_the_retry_metrics_read_fields_the_job_crd_has(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_kube_state_metrics_may_list_and_watch_volcano_jobs(stack: str) -> None:
+def test_kube_state_metrics_may_list_and_watch_volcano_jobs(stack: Stack) -> None:
     (role,) = [r for r in _monitoring(stack).of_kind("ClusterRole")
                if r["metadata"]["name"].endswith("kube-state-metrics")]
     granted = {(g, res, verb) for rule in role["rules"] for g in rule.get("apiGroups", [])
@@ -73,7 +74,7 @@ def test_kube_state_metrics_may_list_and_watch_volcano_jobs(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_retry_alert_uses_the_metrics_kube_state_metrics_makes(stack: str) -> None:
+def test_the_retry_alert_uses_the_metrics_kube_state_metrics_makes(stack: Stack) -> None:
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     (alert,) = [r for r in rules if r.get("alert") == "TrainingJobRetriesRunningOut"]
     used = {name for name in _job_metrics(stack) if name in alert["expr"]}

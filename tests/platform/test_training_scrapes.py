@@ -10,19 +10,21 @@ from typing import Any
 
 import pytest
 import yaml
-from trainyard.plan.runtime import available_stacks, plan_stack, read_stack, settings_of
+from owned_stacks import Stack, fleet_and_samples_where, stack_file
+from trainyard.plan.runtime import plan_stack
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.workloads.jobs import RANK_ZERO_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_RULES = REPO / "platform" / "monitoring" / "rules" / "cluster.rules.yaml"
-STACKS = [s for s in available_stacks() if settings_of(read_stack(s)).addons.monitoring.enabled]
+# The tests' fleet, then every stack of stacks/ with monitoring on.
+STACKS = fleet_and_samples_where(lambda s: s.addons.monitoring.enabled)
 
 
 @cache
-def _objects(stack: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _objects(stack: Stack) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the program's objects, the kube-prometheus-stack release's rendered objects)."""
-    plan = plan_stack(read_stack(stack))
+    plan = plan_stack(stack_file(stack))
     program = [manifest_of(r) for r in plan.recording.resources if is_kubernetes_object(r)]
     (release,) = [r for r in plan.rendered.releases.values() if r.chart == "kube-prometheus-stack"]
     return program, list(release.objects)
@@ -34,7 +36,7 @@ def _alerts(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_charts_target_down_is_off(stack: str) -> None:
+def test_the_charts_target_down_is_off(stack: Stack) -> None:
     _, rendered = _objects(stack)
     alerts = _alerts([o for o in rendered if o["kind"] == "PrometheusRule"])
     assert "Watchdog" in alerts, "the chart's default rules are not rendered at all"
@@ -42,7 +44,7 @@ def test_the_charts_target_down_is_off(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_every_training_target_carries_the_label_the_rules_key_on(stack: str) -> None:
+def test_every_training_target_carries_the_label_the_rules_key_on(stack: Stack) -> None:
     program, _ = _objects(stack)
     monitors = [o for o in program if o["kind"] == "PodMonitor" and "trainyard.io/job" in
                 o["spec"]["selector"].get("matchLabels", {})]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from jobs_render import REPO_ROOT, fabric_checks, rendered, training_jobs
+from owned_stacks import FLEET, Stack, fleet_and_samples_where, stack_settings
 from torch.distributed.run import get_args_parser
 from trainyard.config.instance_types import INSTANCE_TYPES
-from trainyard.plan.runtime import available_stacks, read_stack, settings_of
 
 
 def _torchrun_args(record: Any) -> list[str]:
@@ -32,25 +32,26 @@ def _takes_whole_nodes(record: Any, instance_types: list[str]) -> bool:
     return all(t.gpu_count > 1 and gpus == t.gpu_count and 2 * millicpu > t.vcpu * 1000 for t in types)
 
 
-@pytest.mark.parametrize("stack", available_stacks())
-def test_whole_node_pods_bind_ranks_to_their_gpus_socket(stack: str) -> None:
-    settings = settings_of(read_stack(stack))
+@pytest.mark.parametrize("stack", fleet_and_samples_where(lambda s: True))
+def test_whole_node_pods_bind_ranks_to_their_gpus_socket(stack: Stack) -> None:
+    settings = stack_settings(stack)
     pools = {p.name: p for p in settings.node_pools}
     for job in settings.workloads:
-        record = training_jobs(rendered(stack))[job.name]
+        record = training_jobs(rendered(*stack))[job.name]
         parsed = get_args_parser().parse_args(_torchrun_args(record))
         pool = pools.get(job.node_pool or "")
         whole = pool is not None and _takes_whole_nodes(record, pool.instance_types)
         assert parsed.numa_binding == ("socket" if whole else None), job.name
-    for name, record in fabric_checks(rendered(stack)).items():
+    for name, record in fabric_checks(rendered(*stack)).items():
         # 16 CPUs for 8 GPUs: its cpuset may sit on one socket.
         assert get_args_parser().parse_args(_torchrun_args(record)).numa_binding is None, name
 
 
-def test_some_stack_binds() -> None:
-    bound = [j for s in available_stacks() for j in training_jobs(rendered(s)).values()
-             if "--numa-binding=socket" in _torchrun_args(j)]
-    assert bound, "no stack has a whole-node job: the binding is never exercised"
+def test_the_fleets_whole_node_jobs_bind() -> None:
+    """The tests' fleet has whole-node jobs (8 GPUs of a p5.48xlarge), so the binding is exercised whatever
+    stacks/ holds."""
+    bound = [j for j in training_jobs(rendered(*FLEET)).values() if "--numa-binding=socket" in _torchrun_args(j)]
+    assert bound, "no whole-node job of the fleet binds: the binding is never exercised"
 
 
 def test_the_image_installs_numactl() -> None:
