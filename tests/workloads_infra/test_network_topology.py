@@ -6,8 +6,12 @@ lowest HyperNode tier that holds it (soft) or waits for one (hard). Expectations
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from jobs_render import fabric_checks, rendered, training_jobs, volcano_jobs, volcano_schema_errors
+from owned_stacks import OWNED_STACKS
 from trainyard.names import NETWORK_LAYER_LABELS
 from trainyard.plan.runtime import available_stacks, read_stack, settings_of
 
@@ -35,15 +39,32 @@ def test_fabric_checks_are_soft(stack: str) -> None:
         assert record.inputs["spec"]["networkTopology"] == {"mode": "soft"}, name
 
 
-def test_a_stack_example_uses_hard_topology() -> None:
-    """The prod example: a fixed-size job on a Capacity Block pool asks for hard placement."""
-    hard = [(j, p) for s in available_stacks() for settings in [settings_of(read_stack(s))]
-            for j in settings.workloads if j.network_topology and j.network_topology.mode == "hard"
-            for p in [settings.pool(j.node_pool or "")]]
-    assert hard, "no stack shows a hard-topology job"
-    for job, pool in hard:
-        assert pool.capacity_types == ["reserved"] or pool.placement_group, (job.name, pool.name)
-        assert not job.autoscaling.enabled
+@pytest.mark.parametrize("stack", available_stacks())
+def test_hard_topology_jobs_run_on_co_located_capacity(stack: str) -> None:
+    """A hard job (prod's example: a fixed-size job on a Capacity Block pool) sits on a reserved or placement-group
+    pool and never autoscales."""
+    settings = settings_of(read_stack(stack))
+    for job in settings.workloads:
+        if job.network_topology and job.network_topology.mode == "hard":
+            pool = settings.pool(job.node_pool or "")
+            assert pool.capacity_types == ["reserved"] or pool.placement_group, (job.name, pool.name)
+            assert not job.autoscaling.enabled, job.name
+
+
+def test_a_hard_job_of_the_fleet_renders_its_tier(tmp_path: Path) -> None:
+    """The hard case on the tests' own fleet, whatever stacks/ holds: its elastic job on the on-demand placement-group
+    pool, fixed in size, asks for hard placement at the pool's top tier."""
+    document = yaml.safe_load((OWNED_STACKS / "Pulumi.fleet.yaml").read_text())
+    config = document["config"]
+    pool = next(p for p in config["trainyard:nodePools"]
+                if p.get("placementGroup") and p.get("capacityTypes") == ["on-demand"])
+    job = next(j for j in config["trainyard:workloads"] if j.get("nodePool") == pool["name"] and j["kind"] == "elastic")
+    job.pop("autoscaling", None)
+    job["networkTopology"] = {"mode": "hard", "highestTier": 3}
+    (tmp_path / "Pulumi.fleet.yaml").write_text(yaml.safe_dump(document))
+    record = training_jobs(rendered("fleet", tmp_path))[job["name"]]
+    assert record.inputs["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 3}
+    assert not volcano_schema_errors(record)
 
 
 @pytest.mark.parametrize("stack", available_stacks())
