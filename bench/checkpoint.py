@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
-from trainyard_train.checkpoint import Checkpointer, corrupt_reason, file_crc32, step_dir  # noqa: E402
+from trainyard_train.checkpoint import corrupt_reason, file_crc32, step_dir  # noqa: E402
+from trainyard_train.checkpointer import Checkpointer  # noqa: E402
 from trainyard_train.config import ModelConfig  # noqa: E402
 from trainyard_train.model import DecoderLM  # noqa: E402
 

@@ -10,7 +10,7 @@ from torch.distributed import DistNetworkError
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
 from trainyard.workloads.launch import CRASH_EXIT_CODE, STORE_LOST_EXIT_CODE
-from trainyard_train import agent
+from trainyard_train import elastic
 from trainyard_train.exitcodes import CRASH, STOPPED, STORE_LOST
 from trainyard_train.signals import EXIT_CODE_FILE
 
@@ -35,10 +35,10 @@ def test_losing_the_store_ends_the_agent_with_the_store_lost_code(
     def lost(_args: object) -> None:
         raise error
 
-    monkeypatch.setattr(agent.torchrun, "run", lost)
-    assert agent._Agent(tmp_path).run(ARGV) == STORE_LOST
+    monkeypatch.setattr(elastic.torchrun, "run", lost)
+    assert elastic.NodeAgent(tmp_path).run(ARGV) == STORE_LOST
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"{agent.PROG}: {type(error).__name__}: ") and line.endswith(f"(exit {STORE_LOST})")
+    assert line.startswith(f"{elastic.PROG}: {type(error).__name__}: ") and line.endswith(f"(exit {STORE_LOST})")
 
 
 def test_a_stop_signal_raised_after_the_store_was_lost_keeps_the_store_lost_code(
@@ -52,13 +52,13 @@ def test_a_stop_signal_raised_after_the_store_was_lost_keeps_the_store_lost_code
             (tmp_path / EXIT_CODE_FILE).write_text(str(STOPPED))
             raise mp_api.SignalException("got signal: SIGTERM", sigval=signal.SIGTERM)
 
-    monkeypatch.setattr(agent.torchrun, "run", lost_then_stopped)
-    assert agent._Agent(tmp_path).run(ARGV) == STORE_LOST
+    monkeypatch.setattr(elastic.torchrun, "run", lost_then_stopped)
+    assert elastic.NodeAgent(tmp_path).run(ARGV) == STORE_LOST
 
 
 def test_other_rendezvous_failures_stay_crashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def late(_args: object) -> None:
         raise RendezvousTimeoutError("the rendezvous did not complete in time")
 
-    monkeypatch.setattr(agent.torchrun, "run", late)
-    assert agent._Agent(tmp_path).run(ARGV) == CRASH
+    monkeypatch.setattr(elastic.torchrun, "run", late)
+    assert elastic.NodeAgent(tmp_path).run(ARGV) == CRASH

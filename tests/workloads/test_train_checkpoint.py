@@ -13,7 +13,6 @@ import torch.distributed as dist
 import trainer_launch  # noqa: F401
 from trainyard_train.checkpoint import (
     COMMIT,
-    Checkpointer,
     CheckpointRef,
     complete_checkpoints,
     corrupt_reason,
@@ -24,6 +23,7 @@ from trainyard_train.checkpoint import (
     torn_reason,
     write_commit,
 )
+from trainyard_train.checkpointer import Checkpointer
 from trainyard_train.config import ConfigError
 
 

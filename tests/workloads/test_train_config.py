@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import trainer_launch
 from trainyard_train.config import Config, ConfigError, load_config, parse_config
 from trainyard_train.exitcodes import CONFIG_ERROR as CONFIG_ERROR_EXIT_CODE
@@ -98,6 +99,21 @@ def test_bad_input_is_one_line_and_a_final_exit_code(
 def test_preflight_passes_a_valid_line(tmp_path: Path) -> None:
     argv = ["--nnodes=1:2", "-m", "trainyard_train", "--config", str(CONFIGS / "tiny.yaml"), f"run_dir={tmp_path}"]
     assert _trainer(tmp_path, *argv, module="trainyard_train.preflight").returncode == 0
+
+
+@pytest.mark.parametrize("module", ["agent", "preflight", "train"])
+def test_a_refused_line_never_imports_torch(tmp_path: Path, module: str) -> None:
+    """The node agent, preflight and the trainer check a line before torch loads: a refused launch costs 0.2
+    CPU-s, not 2.5, in every pod (and worker) of a job whose config is wrong."""
+    probe = (f"import sys; from trainyard_train import {module}; code = {module}.main(sys.argv[1:]); "
+             "print(code, 'torch' in sys.modules)")
+    argv = ["--config", str(CONFIGS / "tiny.yaml"), f"run_dir={tmp_path}", "train.steps=0"]
+    if module != "train":
+        argv = ["--nnodes=1", "-m", "trainyard_train", *argv]
+    done = subprocess.run([sys.executable, "-c", probe, *argv], env=trainer_launch.subprocess_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split("\n")[0] == f"{CONFIG_ERROR_EXIT_CODE} False", done.stdout + done.stderr
+    assert "config error: train.steps: must be >= 1" in done.stderr
 
 
 # --- hostile and unusual input (issue 24): one ConfigError naming the key or file, never a crash -------------
@@ -228,7 +244,7 @@ def test_a_config_the_host_cannot_hold_is_refused(monkeypatch: pytest.MonkeyPatc
     """On CPU the node's processes share the host: all of them together must fit."""
     from trainyard_train import preflight
 
-    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load_config(CONFIGS / "tiny.yaml")
     need = _cpu_need(cfg, world_size) * world_size
     monkeypatch.setattr(preflight, "host_memory_bytes", lambda: need)
@@ -253,8 +269,8 @@ def test_a_config_the_gpu_cannot_hold_is_refused_with_a_layout_that_fits(monkeyp
         asked.append(device)
         return 0, gpu["total"]
 
-    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(preflight.torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     preflight.check_memory(cfg, world_size=8, local_world_size=8, local_rank=5)
     gpu["total"] = need - 1
     with pytest.raises(ConfigError, match=r"^parallel: ddp8 needs .* per GPU at a world of 8, more than the GPU's "

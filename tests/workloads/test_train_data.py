@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 import trainer_launch  # noqa: F401
-from trainyard_train.data import GlobalOrder, ShardReader, StepLoader, generate_successor_corpus, rank_slice
+from trainyard_train.data import GlobalOrder, ShardReader, generate_successor_corpus, rank_slice
 from trainyard_train.layout import micro_batch_plan
+from trainyard_train.loader import StepLoader
 from trainyard_train.loss import IGNORE_INDEX
 
 SHARDS, RECORDS, SEQ = 8, 16, 6

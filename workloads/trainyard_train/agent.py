@@ -5,8 +5,8 @@
 It takes torchrun's command line unchanged and exits with one of ``exitcodes.py``'s codes:
 
 1. The trainer part of the line is validated first (preflight.py): a config error is one line and exit 2,
-   before any rendezvous.
-2. torchrun's agent then runs the workers and restarts them after a crash, as torchrun does. An unreachable
+   before any rendezvous and before torch is imported.
+2. torchrun's agent (elastic.py) then runs the workers and restarts them after a crash, as torchrun does. An unreachable
    rendezvous store (its host, worker-0's agent, is gone, or never came up) ends the agent with STORE_LOST.
 3. A worker that finds a final condition after the rendezvous (a config error only the world size or the
    data reveal, a run directory it must not touch, a diverged loss, a signal delivered to it) prints its line
@@ -14,111 +14,20 @@ It takes torchrun's command line unchanged and exits with one of ``exitcodes.py`
    agent's control directory and sends SIGTERM. Restarting would only repeat it.
 4. SIGTERM to the agent (the kubelet stopping the pod, Ctrl-C) shuts the workers down with the same signal,
    waits for them to commit their checkpoint (``--shutdown-timeout``), and exits 143 without a traceback.
-
-Why not plain torchrun: its signal handler (``_terminate_process_handler`` in
-torch/distributed/elastic/multiprocessing/api.py, torch 2.13) raises ``SignalException`` on *every* signal,
-so a second SIGTERM that arrives while the agent is already waiting for its workers to exit (``_close``)
-aborts that wait: torchrun prints a traceback, exits 1 and leaves the workers running. Here the first signal
-starts the shutdown and later ones are logged and ignored; the workers learn from the control directory
-that the agent is already stopping and do not signal it again. torchrun itself also exits 1 on any signal
-and on any worker failure, which would make a config error look like a crash to the Volcano job.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-
-from torch.distributed import DistNetworkError
-from torch.distributed import run as torchrun
-from torch.distributed.elastic.multiprocessing import api as mp_api
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
 from .config import ConfigError
-from .exitcodes import CRASH, FINAL_WORKER_CODES, STORE_LOST, signal_exit_code
 from .preflight import check_command_line, report
-from .signals import AGENT_DIR_ENV, EXIT_CODE_FILE, STOPPING_FILE
-
-PROG = "trainyard_train.agent"
-# torch 2.13: the c10d backend turns every failed store call into RendezvousConnectionError
-# (rendezvous/c10d_rendezvous_backend.py _call_store), which the agent's monitor loop re-raises
-# (dynamic_rendezvous.py num_nodes_waiting); the agent's own store calls raise DistNetworkError.
-STORE_ERRORS = (RendezvousConnectionError, DistNetworkError)
-
-
-def store_error(exc: BaseException) -> BaseException | None:
-    """The store failure `exc` is, or was raised while handling: after one, torch's agent stops its workers
-    (SimpleElasticAgent.run's `finally`), and their stop signals this agent, so a SignalException replaces it."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, STORE_ERRORS):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def say(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-class _Agent:
-    def __init__(self, control: Path) -> None:
-        self.control = control
-        self.stopping: signal.Signals | None = None
-
-    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        """Replaces torch's handler: the first signal starts the shutdown, later ones must not abort it."""
-        sig = signal.Signals(signum)
-        if self.stopping is not None:
-            say(f"got {sig.name} while stopping on {self.stopping.name}: still waiting for the workers")
-            return
-        self.stopping = sig
-        (self.control / STOPPING_FILE).touch()
-        raise mp_api.SignalException(f"Process {os.getpid()} got signal: {sig}", sigval=sig)
-
-    def requested_code(self) -> int | None:
-        try:
-            return int((self.control / EXIT_CODE_FILE).read_text())
-        except (OSError, ValueError):  # no request, or one torn by a crash mid-write
-            return None
-
-    def run(self, argv: list[str]) -> int:
-        args = torchrun.parse_args(argv)
-        # torch registers this module attribute as the handler each time it starts the workers (PContext.start).
-        mp_api._terminate_process_handler = self.on_signal  # type: ignore[assignment]
-        try:
-            torchrun.run(args)
-        except Exception as exc:  # noqa: BLE001 - every failure gets a code; a lost store decides it
-            if (lost := store_error(exc)) is None:
-                return self.exit_code(exc)
-            say(f"{type(lost).__name__}: {lost}: the rendezvous store is unreachable (exit {STORE_LOST})")
-            return STORE_LOST
-        return 0
-
-    def exit_code(self, exc: Exception) -> int:
-        """The code for what ended torchrun's run, the store being fine."""
-        if isinstance(exc, mp_api.SignalException):
-            code = self.requested_code() or signal_exit_code(exc.sigval)
-            say(f"stopped by {exc.sigval.name}, workers shut down (exit {code})")
-            return code
-        if isinstance(exc, ChildFailedError):
-            codes = sorted({failure.exitcode for failure in exc.failures.values()})
-            final = [c for c in codes if c in FINAL_WORKER_CODES]
-            code = self.requested_code() or (final[0] if final else CRASH)
-            say(f"workers failed with exit codes {codes} and no restarts left (exit {code})")
-            return code
-        # Other rendezvous errors: one line, the crash class.
-        say(f"{type(exc).__name__}: {exc} (exit {CRASH})")
-        return CRASH
+from .signals import AGENT_DIR_ENV
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,10 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_command_line(argv)
     except ConfigError as exc:
         return report(exc)
+    from .elastic import NodeAgent  # torch: 1.5 CPU-s that a refused line never pays
+
     control = Path(tempfile.mkdtemp(prefix="trainyard-agent-"))
     os.environ[AGENT_DIR_ENV] = str(control)
     try:
-        return _Agent(control).run(argv)
+        return NodeAgent(control).run(argv)
     finally:
         shutil.rmtree(control, ignore_errors=True)
 

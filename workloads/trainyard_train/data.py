@@ -14,9 +14,10 @@ Order. Records are numbered globally (``shard * records_per_shard + index``). Ep
 them in one permutation seeded by ``(seed, e)``; the run reads that sequence front to back, so the data
 position is a single number, the samples consumed ``p``, independent of the world size. A step takes
 positions ``[p, p+G)`` (``G`` = global batch); data-parallel rank ``r`` takes its contiguous share of them
-(shares differ by at most one) and splits it into micro-batches. A resize changes only how a step's positions
-are split, never which positions a step consumes, so a resumed run neither repeats nor skips a sample,
-whatever the world size and however it relates to the shard count.
+(shares differ by at most one) and splits it into micro-batches (loader.py). A resize changes only how a step's
+positions are split, never which positions a step consumes, so a resumed run neither repeats nor skips a sample,
+whatever the world size and however it relates to the shard count. No torch here: the node agent's preflight
+reads the manifest before torch is imported.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .config import Config, ConfigError
-from .layout import MicroBatchPlan, rank_share
-from .loss import IGNORE_INDEX
+from .layout import rank_share
 
 MANIFEST = "manifest.json"
 TOKEN_DTYPE = np.dtype("<u2")
@@ -179,59 +178,3 @@ def rank_slice(position: int, global_batch: int, dp_size: int, dp_rank: int) -> 
     contiguous shares that differ by at most one sample (layout.py)."""
     offset, count = rank_share(global_batch, dp_size, dp_rank)
     return position + offset, count
-
-
-class StepLoader:
-    """One optimizer step's samples for one data-parallel rank, as (inputs, targets) micro-batches on the device.
-
-    Every rank gets ``plan.count`` micro-batches of ``plan.rows`` rows whatever its share, so all ranks run the
-    same forward passes and collectives; rows beyond the share are padding, their targets IGNORE_INDEX.
-    The step's tokens are gathered into a pinned host buffer and copied to the GPU in one non-blocking
-    transfer; two buffers alternate, each guarded by an event, so filling the next step's buffer never
-    overwrites one whose copy the GPU has not finished. Tokens travel as int32 (half of int64's bytes).
-    """
-
-    def __init__(
-        self,
-        reader: ShardReader,
-        order: GlobalOrder,
-        *,
-        global_batch: int,
-        plan: MicroBatchPlan,
-        dp_size: int,
-        dp_rank: int,
-        device: torch.device,
-    ) -> None:
-        self.reader, self.order = reader, order
-        self.global_batch, self.plan = global_batch, plan
-        self.dp_size, self.dp_rank, self.device = dp_size, dp_rank, device
-        pin = device.type == "cuda"
-        shape = (plan.count * plan.rows, reader.manifest.record_len)
-        # Zeros: padding rows are valid token ids whatever they hold, and never change after this.
-        self._buffers = [torch.zeros(shape, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
-        self._events: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
-        self.last_record_ids = np.empty(0, dtype=np.int64)
-
-    def step_batches(self, position: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The micro-batches of the step that starts at global sample ``position``."""
-        start, count = rank_slice(position, self.global_batch, self.dp_size, self.dp_rank)
-        ids = self.order.record_ids(start, count)
-        self.last_record_ids = ids
-        turn, self._turn = self._turn, 1 - self._turn
-        host, event = self._buffers[turn], self._events[turn]
-        if event is not None:
-            event.synchronize()  # waits only if the GPU is two steps behind the host
-        self.reader.records(ids, host[:count].numpy())
-        tokens = host.to(self.device, non_blocking=True)
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            self._events[turn] = done
-        tokens = tokens.long()
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        if count < len(tokens):
-            targets = targets.clone()
-            targets[count:] = IGNORE_INDEX
-        rows = self.plan.rows
-        return [(inputs[i : i + rows], targets[i : i + rows]) for i in range(0, len(tokens), rows)]

@@ -34,12 +34,14 @@ import yaml
 from torch.optim.lr_scheduler import LambdaLR
 
 from . import layout
-from .checkpoint import Checkpointer, CheckpointRef
+from .checkpoint import CheckpointRef
+from .checkpointer import Checkpointer
 from .comm import GradCommMeter, hook_state_blob, register_grad_hook, restore_hook_state
 from .config import Config, ConfigError
-from .data import MANIFEST, GlobalOrder, ShardReader, StepLoader, generate_for
+from .data import MANIFEST, GlobalOrder, ShardReader, generate_for
 from .distributed import Runtime
 from .exitcodes import STOPPED
+from .loader import StepLoader
 from .logs import LOGGER_NAME, kv
 from .metrics import TrainMetrics, resolve_port
 from .parallel import ParallelModel

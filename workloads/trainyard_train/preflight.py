@@ -16,8 +16,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from .checkpoint import complete_checkpoints, read_commit
 from .config import Config, ConfigError, check_run_dir, load_config
 from .data import MANIFEST, Manifest
@@ -106,6 +104,8 @@ def check_memory(cfg: Config, *, world_size: int, local_world_size: int, local_r
     an allocation after the rendezvous (or, at absurd sizes, in a tensor-size overflow). On CUDA the busiest
     rank's estimate, whose reserve covers the context and NCCL buffers, against the whole GPU as the platform's
     plan does for a pool; on CPU the node's processes together against the host's memory."""
+    import torch  # only the workers ask: the node agent's checks above run before torch is imported
+
     if torch.cuda.is_available():  # the device init_distributed picks
         _, device_bytes = torch.cuda.mem_get_info(local_rank)
         check_fits(cfg, world_size=world_size, local_world_size=local_world_size, device_memory_bytes=device_bytes)
