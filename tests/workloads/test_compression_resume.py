@@ -3,6 +3,7 @@ sends what the interrupted one still owed."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from trainer_launch import run, steps
+from trainyard_train.checkpoint import step_dir
 from trainyard_train.comm import ErrorFeedback, GradCommMeter, hook_state_blob, register_compression, restore_hook_state
 from trainyard_train.config import CommConfig
 
@@ -104,10 +106,13 @@ def test_restored_residuals_continue_the_run(
 def test_a_resumed_top_k_run_matches_an_uninterrupted_one(tmp_path: Path) -> None:
     """Two ranks, top-k at 1%: steps 5-8 after a resume from step 4 give the uninterrupted run's losses exactly
     (with the residuals reset they drifted by up to 6e-3). QSGD is not compared bit for bit: its 512-value chunks
-    follow DDP's bucket order, which the resumed run's first step has not rebuilt yet."""
+    follow DDP's bucket order, which the resumed run's first step has not rebuilt yet. The resumed run starts from
+    the uninterrupted run's step-4 checkpoint: a save holds the whole state, whether or not the run goes on."""
     common = ["comm.hook=topk", "comm.topk_ratio=0.01", "checkpoint.interval_steps=4"]
     full = [e["loss"] for e in steps(run(tmp_path / "full", [*common, "train.steps=8"]).events())]
-    run(tmp_path / "resumed", [*common, "train.steps=4"])
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step_dir(tmp_path / "full" / "checkpoints", 4), step_dir(tmp_path / "resumed" / "checkpoints", 4))
     events = run(tmp_path / "resumed", [*common, "train.steps=8"]).events()
+    assert [e for e in events if e["event"] == "start"][0]["step"] == 4
     resumed = [e["loss"] for e in steps(events) if e["step"] > 4]
     assert resumed == full[4:]
