@@ -197,12 +197,12 @@ def test_resume_with_smaller_world_continues_position(tmp_path: Path) -> None:
     assert mean_loss(events, 61, 65) < 0.7 * mean_loss(events, 1, 5)
 
 
-def test_powersgd_cuts_gradient_bytes_by_expected_factor_and_converges(tmp_path: Path) -> None:
+def test_powersgd_cuts_gradient_bytes_by_expected_factor_converges_and_resumes_compressing(tmp_path: Path) -> None:
+    """The factor, the convergence, and a resume with the world unchanged: with the hook's step counter restored,
+    compression continues at once instead of a new warm-up of start_iter steps."""
     rank, start_iter = 2, 5
-    events = run(
-        tmp_path / "run",
-        ["comm.hook=powersgd", f"comm.powersgd_rank={rank}", f"comm.powersgd_start_iter={start_iter}"],
-    ).events()
+    overrides = ["comm.hook=powersgd", f"comm.powersgd_rank={rank}", f"comm.powersgd_start_iter={start_iter}"]
+    events = run(tmp_path / "run", overrides).events()
     plain, compressed = expected_grad_bytes(rank, CFG.comm.powersgd_min_compression_rate)
     by_step = {e["step"]: e["grad_bytes"] for e in steps(events)}
     assert all(by_step[s] == plain for s in range(1, start_iter + 1))  # warm-up: plain all-reduce
@@ -210,15 +210,9 @@ def test_powersgd_cuts_gradient_bytes_by_expected_factor_and_converges(tmp_path:
     assert plain / compressed > 5
     assert mean_loss(events, 140, 150) < 0.7 * mean_loss(events, 1, 5)
 
-
-def test_resume_restores_powersgd_state_when_world_unchanged(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    overrides = ["comm.hook=powersgd", "comm.powersgd_start_iter=5", "checkpoint.interval_steps=20"]
-    run(run_dir, ["train.steps=20", *overrides])
-    events = run(run_dir, ["train.steps=25", *overrides]).events()
-    _, compressed = expected_grad_bytes(CFG.comm.powersgd_rank, CFG.comm.powersgd_min_compression_rate)
-    # With the hook's step counter restored, compression continues at once instead of a new warm-up.
-    assert {e["grad_bytes"] for e in steps(events) if e["step"] > 20} == {compressed}
+    resumed = run(tmp_path / "run", [*overrides, f"train.steps={150 + start_iter}"]).events()
+    assert [e for e in resumed if e["event"] == "start"][-1]["step"] == 150
+    assert {e["grad_bytes"] for e in steps(resumed) if e["step"] > 150} == {compressed}
 
 
 def test_checkpoint_layout_matches_readme(two_rank_run: Launch) -> None:
@@ -258,21 +252,17 @@ def test_resize_two_one_three_reads_every_sample_once_per_epoch(tmp_path: Path) 
 
 def test_async_checkpoints_commit_in_the_background_on_two_ranks(tmp_path: Path) -> None:
     """Async saves (DCP's background thread on the gloo group, rank 0's checksum-and-commit thread) under a
-    default group that refuses CPU tensors: every interval commits, and the run resumes from the last."""
+    default group that refuses CPU tensors: every interval commits, and the run resumes from the last. A save every
+    step, so step 1's is still writing (collectives on its own thread) when step 2's memory report all-gathers: on
+    one shared group the two threads' collectives cross and both ranks hang until the (30 s) timeout."""
     run_dir = tmp_path / "run"
-    overrides = ["checkpoint.interval_steps=5", "checkpoint.async_save=true", "checkpoint.keep_last=5"]
+    overrides = ["checkpoint.interval_steps=1", "checkpoint.async_save=true", "checkpoint.keep_last=5",
+                 "comm.timeout_s=30"]
     events = run(run_dir, ["train.steps=20", *overrides]).events()
-    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [5, 10, 15, 20]
-    assert [r.name for r in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:08d}" for s in (5, 10, 15, 20)]
-    assert all("crc32" in read_commit(step_dir(run_dir / "checkpoints", s)) for s in (5, 10, 15, 20))
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == list(range(1, 21))
+    assert [e["step"] for e in events if e["event"] == "memory"] == [2]
+    kept = range(16, 21)
+    assert [r.name for r in sorted((run_dir / "checkpoints").iterdir())] == [f"step-{s:08d}" for s in kept]
+    assert all("crc32" in read_commit(step_dir(run_dir / "checkpoints", s)) for s in kept)
     resumed = run(run_dir, ["train.steps=22", *overrides]).events()
     assert [e for e in resumed if e["event"] == "start"][-1]["step"] == 20
-
-
-def test_an_async_save_in_flight_shares_no_group_with_the_training_thread(tmp_path: Path) -> None:
-    """A save every step, so step 1's is still writing (collectives on its own thread) when step 2's memory report
-    all-gathers: on one shared group the two threads' collectives cross and both ranks hang until the timeout."""
-    overrides = ["train.steps=4", "checkpoint.interval_steps=1", "checkpoint.async_save=true", "comm.timeout_s=30"]
-    events = run(tmp_path / "run", overrides).events()
-    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [1, 2, 3, 4]
-    assert [e["step"] for e in events if e["event"] == "memory"] == [2]
