@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 # Checkov pins protobuf and packaging below what Pulumi needs, so it gets an environment of its own.
 CHECKOV_VENV := .venv-checkov
+MLFLOW_VENV := .venv-mlflow
 BIN := $(VENV)/bin
 STACK ?= dev
 # Every stack file in stacks/ (users add, rename and delete their own).
@@ -52,6 +53,13 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.lock
 	$(CHECKOV_VENV)/bin/pip install --quiet --require-hashes -r requirements-checkov.lock
 	touch $@
 
+# A real MLflow server with its basic-auth app for the per-tenant access tests (tests/workloads/test_mlflow_auth.py).
+$(MLFLOW_VENV)/.installed: requirements-mlflow.lock
+	$(VENV_CHECK)
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet --require-hashes -r requirements-mlflow.lock
+	touch $@
+
 plan: $(VENV)/.installed $(BIN)/helm upstream  ## render one stack offline (STACK=dev|staging|prod|local) into build/plan/STACK, rehearse it
 	$(BIN)/python -m trainyard plan --stack $(STACK) --out build/plan/$(STACK) --rehearse
 
@@ -81,7 +89,7 @@ preflight:  ## install missing system tools (Debian/Ubuntu, as root), or stop sa
 	  echo "make test: installing missing system tools:$$missing"; $(MAKE) --no-print-directory deps APT_GET=$(APT_GET) || exit 2; \
 	  missing="$$($(MISSING_TOOLS))"; if [ -n "$$missing" ]; then echo "make test: still missing after make deps:$$missing"; exit 2; fi; fi
 
-test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed $(BIN)/helm upstream  ## the whole suite (acceptance skips without a cluster)
+test: preflight $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed $(MLFLOW_VENV)/.installed $(BIN)/helm upstream  ## the whole suite (acceptance skips without a cluster)
 	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -n $(JOBS) --durations=10
 
 test-fast: preflight $(VENV)/.dev-installed $(BIN)/helm upstream  ## the inner loop: no multi-process training runs, no checkov
@@ -98,4 +106,4 @@ gpu-check: $(VENV)/.dev-installed  ## the trainer on this machine's GPU: checkpo
 	$(BIN)/python bench/gpu.py --check
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) build .upstream
+	rm -rf $(VENV) $(CHECKOV_VENV) $(MLFLOW_VENV) build .upstream

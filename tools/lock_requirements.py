@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOCKED = ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt")
+LOCKED = ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "requirements-mlflow.txt")
 HEADER = ("# The whole closure of {source}, each distribution with its sha256 (pip's installation report for\n"
           "# CPython 3.11 on linux x86_64). Written by `python tools/lock_requirements.py`; `make` installs it with\n"
           "# --require-hashes. Edit {source}, never this file.\n")

@@ -64,7 +64,8 @@ MLFLOW = ServiceAccountRef(MLFLOW_NAMESPACE, "mlflow")
 MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.local:{MLFLOW_PORT}"
 # Where a tenant's MLflow artifacts go, below its namespace prefix of the checkpoint bucket (the trainer role's).
 MLFLOW_ARTIFACT_DIR = "mlflow"
-# The ConfigMap every tenant namespace gets with the tracking URI and its artifact root (platform/mlflow.py).
+# The Secret every tenant namespace gets with the tracking URI, the tenant's MLflow user and password, and on AWS its
+# artifact root (platform/mlflow_auth.py); pods take it whole as their environment.
 MLFLOW_CLIENT_CONFIG = "mlflow-client"
 # The training pipeline (platform/argo_workflows.py): Argo's namespace, and the account every tenant's workflow
 # pods run as (the WorkflowTemplates name it); it gets the trainer's pod identity (its namespace's S3 prefix).

@@ -16,7 +16,9 @@ config, claim and security settings:
    GPUs measure latency and memory); a model below ``min-accuracy`` or over ``max-latency-ms``/``max-memory-gb``
    stops the workflow here, the numbers in the step's message and in ``/checkpoints/evaluations/<workflow>.json``.
 4. ``register``: ``trainyard_train.register`` adds a version of ``model-name`` to MLflow's model registry with the
-   evaluation, from the run the trainer tracked (the namespace's ``mlflow-client`` ConfigMap names the server).
+   evaluation, from the run the trainer tracked (the namespace's ``mlflow-client`` Secret names the server and the
+   tenant's MLflow user). The model's name defaults to ``<namespace>.<job>``: registered-model names are one
+   namespace for the whole server.
 
 Results pass through the job's claim, not Argo artifacts: the `local` stack has no artifact repository.
 """
@@ -31,8 +33,8 @@ import yaml
 from trainyard_train.config import ConfigError, parse_config
 from trainyard_train.safe_yaml import load
 
+from trainyard.names import MLFLOW_CLIENT_CONFIG
 from trainyard.workloads.launch import CHECKPOINT_DIR
-from trainyard.workloads.pod import MLFLOW_CLIENT_CONFIG
 
 # The account every tenant's workflow pods run as, with Role workflow-executor (platform/argo_workflows.py).
 WORKFLOW_SERVICE_ACCOUNT = "workflow"
@@ -142,7 +144,7 @@ def workflow_template(manifests: Sequence[dict[str, Any]], model_name: str | Non
                 {"name": "corpus", "value": ""},
                 {"name": "steps", "value": str(_steps(manifests, config_file, overrides))},
                 *({"name": key, "value": value} for key, value in GATE_DEFAULTS.items()),
-                {"name": "model-name", "value": model_name or name},
+                {"name": "model-name", "value": model_name or f"{namespace}.{name}"},
             ]},
             "templates": [
                 {"name": "pipeline", "steps": [
@@ -168,7 +170,7 @@ def workflow_template(manifests: Sequence[dict[str, Any]], model_name: str | Non
                                                        "expression": "asInt(lastRetry.exitCode) == 1"},
                  "container": _step_container(container, register, resources=copy.deepcopy(SMALL_STEP),
                                               mounts=("checkpoints", "tmp"))
-                 | {"envFrom": [{"configMapRef": {"name": MLFLOW_CLIENT_CONFIG}}]}, **pod_fields},
+                 | {"envFrom": [{"secretRef": {"name": MLFLOW_CLIENT_CONFIG}}]}, **pod_fields},
             ],
         }),
     }

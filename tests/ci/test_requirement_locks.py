@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCKED = ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt")
+LOCKED = ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "requirements-mlflow.txt")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;#]+)")
 _LOCKED_PIN = re.compile(r"^([a-z0-9-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}$", re.M)
 

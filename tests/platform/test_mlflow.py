@@ -1,15 +1,15 @@
 """The MLflow Tracking Server (platform/mlflow.py) as each stack renders it.
 
-What tenants rely on: every tenant namespace names the server and its own artifact root; only tenants (and
-Prometheus) reach the server; on AWS the server only reads artifacts and its default root is a prefix no tenant's
+What tenants rely on: every tenant namespace holds the server, its own MLflow user and (AWS) its artifact root; the
+server runs the basic-auth app with nothing open by default, and a Job makes the users once it is up; only tenants
+(and that Job) reach the server; on AWS the server only reads artifacts and its default root is a prefix no tenant's
 role writes; the schema is migrated before the server rolls; the database is RDS on AWS and a CloudNativePG cluster,
 after its operator, on `local`. Expectations come from each stack's settings, never from the sample stacks.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from fnmatch import fnmatch
+import configparser
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,22 +19,25 @@ import pytest
 from jsonschema import Draft7Validator
 from owned_stacks import OWNED_STACKS
 from trainyard import names
-from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import Settings
 from trainyard.config.load import platform_namespaces
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import STACKS_DIR, available_stacks, plan_stack, read_stack, render, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
+from trainyard.platform import mlflow_auth
 from trainyard.platform.mlflow import (
+    ALLOWED_HOSTS,
     APP_LABELS,
-    CNPG_CLUSTER,
+    AUTH_DATABASE_ENV,
+    CNPG_OWNER_SECRET,
+    CONFIG_DIGEST,
     DATABASE_SECRET,
     DEFAULT_ARTIFACT_DIR,
     FLASK_SECRET_KEY,
     IMAGE,
     SERVER_SECRET,
-    address_patterns,
+    USERS_LABELS,
 )
 
 # The tests' own AWS and local stacks, and every sample stack that turns MLflow on: (name, stacks folder).
@@ -87,16 +90,97 @@ def _checkpoint_bucket(stack: Stack) -> str | None:
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_every_tenant_is_told_the_server_and_its_own_artifact_root(stack: Stack) -> None:
+def test_every_tenant_is_told_the_server_its_own_user_and_artifact_root(stack: Stack) -> None:
     bucket = _checkpoint_bucket(stack)
-    manifests = [manifest_of(r) for r in _records(stack, "ConfigMap")]
-    configs = {m["metadata"]["namespace"]: m["data"] for m in manifests
-               if m["metadata"]["name"] == names.MLFLOW_CLIENT_CONFIG}
-    assert sorted(configs) == _tenant_namespaces(stack)
-    for namespace, data in configs.items():
-        root = (f"s3://{bucket}/{namespace}/{names.MLFLOW_ARTIFACT_DIR}" if bucket
-                else f"mlflow-artifacts:/{namespace}")
-        assert data == {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, "TRAINYARD_MLFLOW_ARTIFACT_ROOT": root}
+    secrets = {manifest_of(r)["metadata"]["namespace"]: r for r in _records(stack, "Secret")
+               if manifest_of(r)["metadata"]["name"] == names.MLFLOW_CLIENT_CONFIG}
+    assert sorted(secrets) == _tenant_namespaces(stack)
+    assert not [r for r in _records(stack, "ConfigMap") if manifest_of(r)["metadata"]["name"]
+                == names.MLFLOW_CLIENT_CONFIG]  # members may edit ConfigMaps, never this (tenant_access.py)
+    by_urn = _recording(stack).by_urn()
+    tenants = {t.namespace_name: t.name for t in _settings(stack).tenants}
+    passwords = set()
+    for namespace, record in secrets.items():
+        # A Secret's data shows only as [secret] in the plan: what it holds is what client_data gives it.
+        expected = mlflow_auth.client_data(tenants[namespace], "<password>", f"s3://{bucket}/{namespace}/"
+                                           f"{names.MLFLOW_ARTIFACT_DIR}" if bucket else None)
+        assert expected["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI
+        assert expected[mlflow_auth.USERNAME_ENV] == tenants[namespace]
+        assert manifest_of(record)["stringData"] == dict.fromkeys(expected, "[secret]")
+        # Each tenant's password is a generated one of its own.
+        (password,) = [by_urn[u] for u in record.depends_on if by_urn[u].type == RANDOM_PASSWORD]
+        assert password.inputs["length"] >= 32
+        passwords.add(password.urn)
+    assert len(passwords) == len(secrets)
+
+
+RANDOM_PASSWORD = "random:index/randomPassword:RandomPassword"
+
+
+STORE_URI = "postgresql://mlflow:p4ss@db.example:5432/mlflow?sslmode=require"
+
+
+def _ini() -> configparser.ConfigParser:
+    """The auth config as the server reads it (configparser: `%%` in the file is `%`)."""
+    config = configparser.ConfigParser()
+    config.read_string(mlflow_auth.auth_config(mlflow_auth.schema_uri(STORE_URI)))
+    return config
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_server_runs_the_auth_app_closed_by_default_on_its_own_schema(stack: Stack) -> None:
+    server = _server(stack)
+    assert _option(server["args"], "--app-name") == "basic-auth"
+    env = {e["name"]: e for e in server["env"]}
+    config_path = env[mlflow_auth.CONFIG_PATH_ENV]["value"]
+    mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+    pod = manifest_of(_one(stack, "Deployment", "mlflow"))["spec"]["template"]["spec"]
+    (auth_volume,) = [v for v in pod["volumes"] if v["name"] == mounts[mlflow_auth.CONFIG_DIR]]
+    assert config_path == f"{mlflow_auth.CONFIG_DIR}/{auth_volume['secret']['items'][0]['path']}"
+    assert auth_volume["secret"]["secretName"] == mlflow_auth.AUTH_SECRET
+    assert env[mlflow_auth.ADMIN_PASSWORD_ENV]["valueFrom"]["secretKeyRef"] == {
+        "name": mlflow_auth.AUTH_SECRET, "key": mlflow_auth.ADMIN_PASSWORD_KEY}
+    # What the config says (the Secret shows only [secret] in the plan: the function that writes it).
+    section = _ini()["mlflow"]
+    assert section["default_permission"] == "NO_PERMISSIONS"
+    assert section["database_uri"] == f"{STORE_URI}&options=-csearch_path%3D{mlflow_auth.SCHEMA}"
+    assert section["admin_username"] == mlflow_auth.ADMIN_USERNAME
+    # The admin's password is generated, and kept wherever the stack keeps its state.
+    auth_secret = _one(stack, "Secret", mlflow_auth.AUTH_SECRET)
+    assert set(manifest_of(auth_secret)["stringData"]) == {
+        mlflow_auth.CONFIG_KEY, mlflow_auth.DATABASE_URI_KEY, mlflow_auth.ADMIN_PASSWORD_KEY}
+    by_urn = _recording(stack).by_urn()
+    (admin,) = [by_urn[u] for u in auth_secret.depends_on if by_urn[u].type == RANDOM_PASSWORD
+                and u.endswith("-auth-admin")]
+    assert admin.inputs["length"] >= 32 and admin.protect is _settings(stack).protect
+    # Nothing scrapes /metrics, which answers admins only.
+    assert "--expose-prometheus" not in server["args"]
+    assert not [r for r in _recording(stack).resources if r.type.endswith(":ServiceMonitor")
+                and manifest_of(r)["metadata"]["name"] == "mlflow"]
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_users_are_made_after_the_server_answers(stack: Stack) -> None:
+    job = _one(stack, "Job", mlflow_auth.USERS_ACCOUNT)
+    manifest = manifest_of(job)
+    assert _one(stack, "Deployment", "mlflow").urn in job.depends_on
+    assert job.replace_on_changes == ("spec",) and job.delete_before_replace
+    pod = manifest["spec"]["template"]["spec"]
+    assert manifest["spec"]["template"]["metadata"]["labels"] == USERS_LABELS
+    assert pod["serviceAccountName"] == mlflow_auth.USERS_ACCOUNT and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["command"] == ["python", f"{mlflow_auth.USERS_SCRIPT_DIR}/{mlflow_auth.USERS_SCRIPT}"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    script = manifest_of(_one(stack, "ConfigMap", volumes["script"]["configMap"]["name"]))
+    assert script["data"] == {mlflow_auth.USERS_SCRIPT: (REPO_ROOT / "platform" / "mlflow" /
+                                                         mlflow_auth.USERS_SCRIPT).read_text()}
+    assert volumes["users"]["secret"]["secretName"] == mlflow_auth.USERS_SECRET
+    users = manifest_of(_one(stack, "Secret", mlflow_auth.USERS_SECRET))["stringData"]
+    assert sorted(users) == sorted(t.name for t in _settings(stack).tenants)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI and env["USERS_DIR"] == mlflow_auth.USERS_DIR
+    assert env["ADMIN_PASSWORD_FILE"].startswith(mlflow_auth.ADMIN_DIR)
+    assert manifest["spec"]["activeDeadlineSeconds"] < 600  # inside pulumi-kubernetes' default Job await
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
@@ -107,37 +191,8 @@ def test_the_tracking_uri_is_the_service_and_a_host_the_server_answers(stack: St
     assert [p["port"] for p in service["spec"]["ports"]] == [uri.port]
     assert service["spec"]["selector"] == APP_LABELS
     # The server refuses a Host header it does not list (its DNS-rebinding check): the URI's must be there.
-    allowed = _option(_server(stack)["args"], "--allowed-hosts").split(",")
-    assert uri.netloc in allowed
-
-
-def _answers(allowed: list[str], host: str) -> bool:
-    """mlflow/server/security_utils.py @ 3.17.2 is_allowed_host_header: fnmatch of the Host header."""
-    return any(fnmatch(host, pattern) for pattern in allowed)
-
-
-@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_the_server_answers_prometheus_at_any_pod_address(stack: Stack) -> None:
-    """Prometheus scrapes with `Host: <pod IP>:5000`: on AWS pods have VPC addresses (Cilium ENI IPAM), whatever
-    CIDR the stack gives the VPC; on `local`, kind's pod network (10.244.0.0/16) is a private range."""
-    settings = _settings(stack)
-    allowed = _option(_server(stack)["args"], "--allowed-hosts").split(",")
-    network = ipaddress.IPv4Network(settings.network.vpc_cidr if settings.target == "aws" else "10.244.0.0/16")
-    for address in (network.network_address + 1, network.network_address + network.num_addresses // 2,
-                    network.broadcast_address - 1):
-        assert _answers(allowed, f"{address}:{names.MLFLOW_PORT}"), address
-    if settings.target == "aws":
-        assert not _answers(allowed, f"{network.broadcast_address + 256}:{names.MLFLOW_PORT}")
-
-
-def test_host_patterns_cover_a_cidr_off_the_octet_boundary() -> None:
-    """The range AWS suggests for pods (100.64.0.0/10), which no private-range default covers."""
-    patterns = list(address_patterns("100.64.0.0/10"))
-    for inside in ("100.64.0.1", "100.100.7.9", "100.127.255.254"):
-        assert _answers(patterns, f"{inside}:5000"), inside
-    for outside in ("100.63.255.1", "100.128.0.1", "10.0.0.1"):
-        assert not _answers(patterns, f"{outside}:5000"), outside
-    assert address_patterns("10.20.0.0/16") == ("10.20.*",)
+    assert _option(_server(stack)["args"], "--allowed-hosts") == ALLOWED_HOSTS
+    assert uri.netloc in ALLOWED_HOSTS.split(",")
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
@@ -159,21 +214,24 @@ def test_server_artifacts_follow_the_target(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_only_tenants_and_prometheus_reach_the_server(stack: Stack) -> None:
-    settings = _settings(stack)
-    monitoring = ([load_catalogue(REPO_ROOT).chart("kube-prometheus-stack").namespace]
-                  if settings.addons.monitoring.enabled else [])
+def test_only_tenants_and_the_users_job_reach_the_server(stack: Stack) -> None:
     (ingress,) = [manifest_of(r) for r in _records(stack, "CiliumNetworkPolicy", names.MLFLOW_NAMESPACE)
                   + _records(stack, "NetworkPolicy", names.MLFLOW_NAMESPACE)]
     spec = ingress["spec"]
     (rule,) = spec["ingress"]
     if ingress["kind"] == "CiliumNetworkPolicy":
         assert spec["endpointSelector"] == {"matchLabels": APP_LABELS}
-        sources = [e["matchLabels"]["k8s:io.kubernetes.pod.namespace"] for e in rule["fromEndpoints"]]
+        peers = [e["matchLabels"] for e in rule["fromEndpoints"]]
+        sources = [p["k8s:io.kubernetes.pod.namespace"] for p in peers if len(p) == 1]
+        assert [p for p in peers if len(p) > 1] == [
+            {"k8s:io.kubernetes.pod.namespace": names.MLFLOW_NAMESPACE, **USERS_LABELS}]
     else:
         assert spec["podSelector"] == {"matchLabels": APP_LABELS}
-        sources = [e["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for e in rule["from"]]
-    assert sorted(sources) == sorted(_tenant_namespaces(stack) + monitoring)
+        sources = [e["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for e in rule["from"]
+                   if "namespaceSelector" in e]
+        assert [e for e in rule["from"] if "namespaceSelector" not in e] == [
+            {"podSelector": {"matchLabels": USERS_LABELS}}]
+    assert sorted(sources) == _tenant_namespaces(stack)
     # And every tenant namespace lets its pods out to it, on the server's port only.
     for namespace in _tenant_namespaces(stack):
         (egress,) = [manifest_of(r) for r in [*_records(stack, "CiliumNetworkPolicy", namespace),
@@ -184,27 +242,52 @@ def test_only_tenants_and_prometheus_reach_the_server(stack: Stack) -> None:
         assert [int(p["port"]) for p in ports] == [names.MLFLOW_PORT]
 
 
+def _migration(stack: Stack) -> ResourceRecord:
+    (job,) = [r for r in _records(stack, "Job", names.MLFLOW_NAMESPACE)
+              if manifest_of(r)["metadata"]["name"].startswith("mlflow-db-upgrade-")]
+    return job
+
+
+def _migration_steps(stack: Stack) -> list[dict[str, Any]]:
+    """Its init containers in order, then its container."""
+    pod = manifest_of(_migration(stack))["spec"]["template"]["spec"]
+    return [*pod["initContainers"], *pod["containers"]]
+
+
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_schema_is_migrated_by_this_version_before_the_server_rolls(stack: Stack) -> None:
-    (job,) = _records(stack, "Job", names.MLFLOW_NAMESPACE)
+def test_schemas_are_migrated_by_this_version_before_the_server_rolls(stack: Stack) -> None:
+    job = _migration(stack)
     deployment = _one(stack, "Deployment", "mlflow")
-    migrate = _container(stack, "Job", manifest_of(job)["metadata"]["name"])
     assert job.urn in deployment.depends_on
-    assert migrate["image"] == _server(stack)["image"] == IMAGE
     assert IMAGE.rpartition(":")[2].replace(".", "-").lower() in manifest_of(job)["metadata"]["name"]
-    assert migrate["args"] == ["db", "upgrade", "$(MLFLOW_BACKEND_STORE_URI)"]
+    steps = _migration_steps(stack)
+    assert {s["image"] for s in steps} == {_server(stack)["image"]} == {IMAGE}
+    # The auth store's schema, then the tracking store, then the auth store's tables in it.
+    schema, tracking, users = steps
+    assert schema["command"] == ["python"] and f"CREATE SCHEMA IF NOT EXISTS {mlflow_auth.SCHEMA}" in schema["args"][1]
+    assert "MLFLOW_BACKEND_STORE_URI" in schema["args"][1]
+    assert tracking["args"] == ["db", "upgrade", "$(MLFLOW_BACKEND_STORE_URI)"]
+    assert users["args"] == ["-m", "mlflow.server.auth", "db", "upgrade", "--url", f"$({AUTH_DATABASE_ENV})"]
     # A Job's template is immutable: a changed one is a new Job, the old one deleted first.
     assert job.replace_on_changes == ("spec",) and job.delete_before_replace
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_a_new_store_password_rolls_the_server(stack: Stack) -> None:
+    """The pods read the store's URI and the auth config when they start: their digest is on the template."""
+    template = manifest_of(_one(stack, "Deployment", "mlflow"))["spec"]["template"]
+    digest = template["metadata"]["annotations"][CONFIG_DIGEST]
+    assert len(digest) == 64 and int(digest, 16) >= 0  # shown in the plan: a digest, never the secret
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
 def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> None:
     aws = _settings(stack).target == "aws"
-    store = DATABASE_SECRET if aws else f"{CNPG_CLUSTER}-app"
-    migration = _container(stack, "Job", manifest_of(_records(stack, "Job", names.MLFLOW_NAMESPACE)[0])["metadata"]
-                           ["name"])
-    for container, expected in ((_server(stack), {"MLFLOW_BACKEND_STORE_URI": store, FLASK_SECRET_KEY: SERVER_SECRET}),
-                                (migration, {"MLFLOW_BACKEND_STORE_URI": store})):
+    store = DATABASE_SECRET
+    server = {"MLFLOW_BACKEND_STORE_URI": store, FLASK_SECRET_KEY: SERVER_SECRET,
+              mlflow_auth.ADMIN_PASSWORD_ENV: mlflow_auth.AUTH_SECRET}
+    migration = {"MLFLOW_BACKEND_STORE_URI": store, AUTH_DATABASE_ENV: mlflow_auth.AUTH_SECRET}
+    for container, expected in ((_server(stack), server), *((step, migration) for step in _migration_steps(stack))):
         refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
         assert refs == expected
     # The Flask key is a generated password kept in state, not one a chart hook re-rolls on every upgrade.
@@ -212,9 +295,16 @@ def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> 
     password = next(r for r in _recording(stack).resources if r.type == "random:index/randomPassword:RandomPassword"
                     and r.urn in server_secret.depends_on)
     assert password.inputs["length"] >= 32
-    if aws:
-        # The store URI (with the password) lives only in the MLflow namespace, shown only as a secret.
-        assert manifest_of(_one(stack, "Secret", DATABASE_SECRET))["stringData"] == {"uri": "[secret]"}
+    # The store URI (with the password) lives only in the MLflow namespace, shown only as a secret.
+    assert manifest_of(_one(stack, "Secret", DATABASE_SECRET))["stringData"] == {"uri": "[secret]"}
+    if not aws:
+        # On `local` the owner's password is ours too, handed to CloudNativePG's initdb, and kept like the database.
+        owner = _one(stack, "Secret", CNPG_OWNER_SECRET)
+        assert manifest_of(owner)["type"] == "kubernetes.io/basic-auth"
+        assert manifest_of(owner)["stringData"] == {"username": "[secret]", "password": "[secret]"}
+        by_urn = _recording(stack).by_urn()
+        (generated,) = [by_urn[u] for u in owner.depends_on if by_urn[u].type == RANDOM_PASSWORD]
+        assert generated.protect is _settings(stack).protect
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
@@ -225,7 +315,8 @@ def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: St
         return
     (cluster,) = clusters
     spec = manifest_of(cluster)["spec"]
-    assert spec["bootstrap"]["initdb"] == {"database": "mlflow", "owner": "mlflow"}
+    assert spec["bootstrap"]["initdb"] == {"database": "mlflow", "owner": "mlflow",
+                                           "secret": {"name": CNPG_OWNER_SECRET}}
     assert spec["storage"]["size"] == f"{_settings(stack).addons.mlflow.database.storage_gib}Gi"
     # Its CRD and webhook come with the operator's release, which the namespace (and so the cluster) waits for.
     by_urn = _recording(stack).by_urn()
@@ -259,7 +350,7 @@ def test_local_database_matches_the_operator_the_release_renders(stack: Stack) -
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
 def test_the_migration_runs_as_an_account_of_its_own(stack: Stack) -> None:
-    (job,) = [manifest_of(r) for r in _records(stack, "Job", names.MLFLOW_NAMESPACE)]
+    job = manifest_of(_migration(stack))
     server = manifest_of(_one(stack, "Deployment", "mlflow"))
     account = job["spec"]["template"]["spec"]["serviceAccountName"]
     assert account != server["spec"]["template"]["spec"]["serviceAccountName"] == names.MLFLOW.name
@@ -271,5 +362,5 @@ def test_server_restarts_from_the_nodes_image_and_bounds_its_scratch(stack: Stac
     for manifest in (manifest_of(_one(stack, "Deployment", "mlflow")),
                      *(manifest_of(r) for r in _records(stack, "Job", names.MLFLOW_NAMESPACE))):
         pod = manifest["spec"]["template"]["spec"]
-        assert {c["imagePullPolicy"] for c in pod["containers"]} == {"IfNotPresent"}
+        assert {c["imagePullPolicy"] for c in pod["containers"] + pod.get("initContainers", [])} == {"IfNotPresent"}
         assert all(v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v)

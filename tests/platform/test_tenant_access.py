@@ -18,7 +18,7 @@ import pytest
 from owned_stacks import OWNED_STACKS
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.names import FABRIC_CHECK_NAMESPACE, tenant_group
+from trainyard.names import FABRIC_CHECK_NAMESPACE, MLFLOW_CLIENT_CONFIG, tenant_group
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import (
     PROJECT,
@@ -166,9 +166,13 @@ def test_members_read_logs_but_no_secrets_and_run_no_pods_of_their_own(stack: St
         # Pods are Volcano's and Argo's: a member reads them, and deletes a failed step's as `argo retry` does.
         assert _granted(rules, "", "pods") == {"get", "list", "watch", "delete"}
         assert all("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"] for rule in rules)
-        for resource in ("secrets", "pods/exec", "pods/attach", "pods/portforward", "serviceaccounts", "roles",
+        for resource in ("pods/exec", "pods/attach", "pods/portforward", "serviceaccounts", "roles",
                          "rolebindings", "resourcequotas", "queues"):
             assert not any(resource in rule["resources"] for rule in rules), resource
+        # One Secret, by name and only read: the namespace's MLflow user, for the UI's sign-in.
+        secrets = [rule for rule in rules if "secrets" in rule["resources"]]
+        assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [MLFLOW_CLIENT_CONFIG],
+                            "verbs": ["get"]}]
         # A job's pipeline: its WorkflowTemplate (server-side applied by `submit --pipeline`) and Workflows from it;
         # nothing cluster-wide of Argo's.
         assert _granted(rules, "argoproj.io", "workflows") >= SUBMIT

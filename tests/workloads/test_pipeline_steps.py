@@ -210,6 +210,8 @@ def test_the_workflow_templates_steps_run_as_written(tmp_path: Path) -> None:
     assert [s[0]["template"] for s in steps["pipeline"]["steps"]] == [
         "prepare", "clear-previous-run", "train", "evaluate", "register"]
     parameters = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
+    # Registered-model names are one namespace for the whole server: the default carries the tenant's.
+    assert parameters["model-name"] == f"{template['metadata']['namespace']}.pipeline"
     # The synthetic corpus (corpus empty): the laptop job's tiny model has no room for a BPE vocabulary;
     # a prepared corpus through evaluate and register is the tests above.
     parameters |= {"min-accuracy": "0.05", "max-latency-ms": "5000", "max-memory-gb": "64",
@@ -255,4 +257,5 @@ def test_the_workflow_templates_steps_run_as_written(tmp_path: Path) -> None:
         run_id = json.loads((claim / "mlflow-run.json").read_text())["run_id"]
         assert version["run_id"] == run_id and version["source"].endswith(
             f"checkpoints/step-{int(parameters['steps']):08d}.json")
-    assert steps["register"]["container"]["envFrom"] == [{"configMapRef": {"name": "mlflow-client"}}]
+    # The tracking server and the tenant's MLflow user, from the Secret the platform puts in the namespace.
+    assert steps["register"]["container"]["envFrom"] == [{"secretRef": {"name": "mlflow-client"}}]

@@ -27,7 +27,7 @@ from trainyard_train.mlflow_rest import (
 )
 from trainyard_train.tracking import RUN_FILE, Tracker, TrackingTarget, flatten
 
-NAMESPACE_ROOT = "mlflow-artifacts:/research"  # what the mlflow-client ConfigMap gives a namespace on `local`
+NAMESPACE_ROOT = "mlflow-artifacts:/research"  # an artifact root such as the mlflow-client Secret gives on AWS
 
 
 def tracking_env(server: Server | str, experiment: str = "tiny") -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Training pods carry what the trainer's tracker reads (trainyard_train/tracking.py): their namespace's MLflow
-client settings from the optional ConfigMap, and their job's name as the experiment."""
+client settings and user from the optional Secret, and their namespace and job as the experiment."""
 
 from __future__ import annotations
 
 import pytest
 from trainyard.plan.runtime import available_stacks, read_stack, render
-from trainyard.workloads.pod import JOB_LABEL, MLFLOW_CLIENT_CONFIG
+from trainyard.names import MLFLOW_CLIENT_CONFIG
+from trainyard.workloads.pod import JOB_LABEL
 from trainyard_train.tracking import TrackingTarget
 
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
@@ -18,9 +19,11 @@ def test_every_training_pod_reads_its_namespaces_tracking_settings(stack_name: s
     assert jobs, f"stack {stack_name} renders no training job"
     for job in jobs:
         (container,) = job["spec"]["tasks"][0]["template"]["spec"]["containers"]
-        # Optional: on a stack without MLflow the ConfigMap is absent and the pod starts all the same.
-        assert container["envFrom"] == [{"configMapRef": {"name": MLFLOW_CLIENT_CONFIG, "optional": True}}]
+        # Optional: on a stack without MLflow the Secret is absent and the pod starts all the same.
+        assert container["envFrom"] == [{"secretRef": {"name": MLFLOW_CLIENT_CONFIG, "optional": True}}]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        assert TrackingTarget.from_env(env) is None  # no URI in the pod spec itself: only the ConfigMap turns it on
+        assert TrackingTarget.from_env(env) is None  # no URI in the pod spec itself: only the Secret turns it on
         target = TrackingTarget.from_env({**env, "MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc.cluster.local:5000"})
-        assert target is not None and target.experiment == job["metadata"]["labels"][JOB_LABEL]
+        # Experiment names are one namespace for the whole server: the tenant's namespace keeps them apart.
+        assert target is not None
+        assert target.experiment == f"{job['metadata']['namespace']}/{job['metadata']['labels'][JOB_LABEL]}"

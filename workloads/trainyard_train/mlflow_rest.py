@@ -9,11 +9,15 @@ Endpoints and limits: MLflow REST API 2.0 (https://mlflow.org/docs/latest/api_re
 get-by-name/create, runs create/get/update/log-batch, registered-models create, model-versions create/search,
 and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` the server runs with --serve-artifacts
 (mlflow/store/artifact/mlflow_artifacts_repo.py resolves ``mlflow-artifacts:/<path>`` against the tracking URI).
+Every request carries HTTP basic auth when MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are set (MLflow's
+own client variables: mlflow/environment_variables.py @ 3.17.2), which the server's basic-auth app checks.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import urllib.error
 import urllib.parse
@@ -32,6 +36,15 @@ MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 8000
 _ARTIFACT_URI = re.compile(r"mlflow-artifacts:(?://[^/]+)?/(.*)")
 _S3_URI = re.compile(r"s3://([^/]+)/(.*)")
+USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
+PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+
+
+def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """The basic-auth user and password from the environment; None unless both are set."""
+    env = dict(os.environ) if env is None else env
+    username, password = env.get(USERNAME_ENV, ""), env.get(PASSWORD_ENV, "")
+    return (username, password) if username and password else None
 
 
 class MlflowError(Exception):
@@ -77,16 +90,20 @@ def batches(metrics: Sequence[Metric], params: dict[str, str], tags: dict[str, s
 
 
 class MlflowClient:
-    def __init__(self, tracking_uri: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, tracking_uri: str, timeout_s: float = 5.0, auth: tuple[str, str] | None = None) -> None:
         parsed = urllib.parse.urlsplit(tracking_uri)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"expected an http(s):// tracking server URI, got {tracking_uri!r}")
         self.base = tracking_uri.rstrip("/")
         self.timeout_s = timeout_s
+        self.headers: dict[str, str] = {}
+        if auth is not None:
+            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {token}"
 
     def _send(self, method: str, path: str, data: bytes | None, content_type: str) -> bytes:
         request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": content_type})
+                                         headers={**self.headers, "Content-Type": content_type})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) only
                 body: bytes = response.read()

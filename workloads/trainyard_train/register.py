@@ -27,7 +27,7 @@ from .checkpoint import CheckpointRef
 from .config import ConfigError
 from .exitcodes import CONFIG_ERROR
 from .export import ExportTarget
-from .mlflow_rest import Metric, MlflowClient, MlflowError
+from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials
 from .tracking import RUN_FILE, TRACKING_URI_ENV, checkpoint_reference, reference_name
 
 NOT_PASSED = 3  # as evaluate.GATE_FAILED: final, the workflow stops
@@ -103,13 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         uri = os.environ.get(TRACKING_URI_ENV, "").strip()
         if not uri:
-            raise InputError(f"{TRACKING_URI_ENV}: not set (the namespace's mlflow-client ConfigMap provides it)")
+            raise InputError(f"{TRACKING_URI_ENV}: not set (the namespace's mlflow-client Secret provides it)")
         evaluation = _evaluation(args.evaluation)
         if not evaluation["passed"]:
             print(f"register: {args.evaluation} did not pass the gate ({'; '.join(evaluation.get('failures', []))})"
                   ": not registered", file=sys.stderr)
             return NOT_PASSED
-        client = MlflowClient(uri, timeout_s=30.0)
+        client = MlflowClient(uri, timeout_s=30.0, auth=credentials())
         version = register(client, evaluation, args.model_name, _run_id(args.run_dir))
     except (InputError, ConfigError, ValueError, OSError) as exc:  # OSError: the checkpoint is gone from the claim
         print(f"register: {exc}", file=sys.stderr)

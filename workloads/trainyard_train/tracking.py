@@ -8,9 +8,10 @@ as a reference artifact ``checkpoints/step-NNNNNNNN.json`` (where it is on the c
 marker), never the shards themselves: they stay where checkpoint.py and export.py put them.
 
 One run per job across restarts and resizes: its id is kept in ``run_dir/mlflow-run.json`` on the claim, so
-whichever pod is rank 0 next reopens it. The job's pods get the tracking URI and this namespace's artifact root
-from the ``mlflow-client`` ConfigMap; experiments are created with ``artifact_location=<root>/<experiment>``, the
-prefix the tenant's pod identity may write (the server does not write artifacts for tenants on AWS).
+whichever pod is rank 0 next reopens it. The job's pods get the tracking URI, the namespace's MLflow user (every
+request carries it: mlflow_rest.py) and on AWS its artifact root from the ``mlflow-client`` Secret; experiments are
+then created with ``artifact_location=<root>/<experiment>``, the prefix the tenant's pod identity may write (the
+server does not write artifacts for tenants on AWS). Without a root (``local``) the server's proxy places them.
 
 Never in the way of training: the loop's events are queued (``record`` does no I/O) and a daemon thread sends
 them. A request is one attempt with a short timeout (mlflow_rest.py); when the server is unreachable the tracker
@@ -35,11 +36,11 @@ from .checkpoint import CheckpointRef, complete_checkpoints, read_commit
 from .config import Config
 from .export import ExportTarget
 from .logs import LOGGER_NAME, kv
-from .mlflow_rest import Metric, MlflowClient, MlflowError
+from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable names
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
-ARTIFACT_ROOT_ENV = "TRAINYARD_MLFLOW_ARTIFACT_ROOT"  # set per namespace by the mlflow-client ConfigMap
+ARTIFACT_ROOT_ENV = "TRAINYARD_MLFLOW_ARTIFACT_ROOT"  # set per namespace by the mlflow-client Secret (AWS)
 DEFAULT_EXPERIMENT = "trainyard"
 RUN_FILE = "mlflow-run.json"
 MAX_PENDING_METRICS = 50_000
@@ -62,6 +63,8 @@ class TrackingTarget:
     uri: str
     experiment: str
     artifact_root: str | None
+    # The namespace's MLflow user (MLFLOW_TRACKING_USERNAME/PASSWORD); None: a server without auth.
+    auth: tuple[str, str] | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> TrackingTarget | None:
@@ -70,7 +73,8 @@ class TrackingTarget:
         if not uri:
             return None
         root = env.get(ARTIFACT_ROOT_ENV, "").strip().rstrip("/") or None
-        return cls(uri=uri, experiment=env.get(EXPERIMENT_ENV, "").strip() or DEFAULT_EXPERIMENT, artifact_root=root)
+        return cls(uri=uri, experiment=env.get(EXPERIMENT_ENV, "").strip() or DEFAULT_EXPERIMENT, artifact_root=root,
+                   auth=credentials(env))
 
     @property
     def artifact_location(self) -> str | None:
@@ -84,7 +88,7 @@ class Tracker:
                  flush_s: float = 5.0, retry_s: float = 60.0, s3: Any = None) -> None:
         self.target = target
         self.cfg = cfg
-        self.client = client if client is not None else MlflowClient(target.uri)
+        self.client = client if client is not None else MlflowClient(target.uri, auth=target.auth)
         self.flush_s = flush_s
         self.retry_s = retry_s
         self.s3 = s3

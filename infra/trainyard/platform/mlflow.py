@@ -17,21 +17,22 @@ On AWS the server never touches artifacts (`--no-serve-artifacts`) and holds no 
 root is a prefix no tenant may write, so an experiment created without a location fails its first upload instead of
 landing outside every tenant. On `local` (no S3) the server proxies artifacts onto a volume of its own.
 
-What is not isolated: the server runs without MLflow's auth app, so any tenant pod that reaches it reads and changes
-every tenant's experiments, runs and registered models (mlflow 3.17.2 serves them to any caller without
-`--app-name basic-auth`: mlflow/server/handlers.py). A server role reading the tenants' prefixes would extend that to
-their artifacts (handlers.py get_artifact_handler reads `run.info.artifact_uri` with the server's credentials, and
-an experiment's artifact location may name any prefix: _validate_storage_location_uri checks only the scheme), so
-the server has none and the UI shows no artifacts on AWS. On `local` the proxied artifacts are open the same way.
+Who sees what: MLflow's basic-auth app, one user per tenant, nothing open by default (platform/mlflow_auth.py). The
+server still holds no AWS role: with one, a tenant that owns an experiment could point its artifact location at
+another tenant's prefix and read it through the server (handlers.py get_artifact_handler reads
+`run.info.artifact_uri` with the server's credentials; _validate_storage_location_uri checks only the scheme), so the
+UI shows no artifacts on AWS. On `local` the server's proxy keeps each experiment's artifacts under its id, which the
+auth app checks per experiment.
 
-The database: RDS on AWS (cloud/database.py; its URI, with the password, in a Secret here), a one-instance
-CloudNativePG cluster on `local` (its `-app` Secret's `uri`). The schema is migrated by a Job per MLflow version before
-the server rolls (`pulumi up` waits for it), so replicas never race each other's migrations.
+The database: RDS on AWS (cloud/database.py), a one-instance CloudNativePG cluster on `local` whose owner's password
+is generated here (bootstrap.initdb.secret); either way the URI, with the password, is in a Secret here, and the
+server's pods carry its digest, so a changed password rolls them. The schemas are migrated by a Job per MLflow
+version before the server rolls (`pulumi up` waits for it), so replicas never race each other's migrations.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,20 +43,20 @@ import pulumi_random as random
 import yaml
 
 from trainyard import names
-from trainyard.catalogue.addons import ScrapeTarget
 from trainyard.cloud.context import ClusterContext, DatabaseFacts
 from trainyard.cloud.database import connection_uri
 from trainyard.config.model import MlflowSettings
 from trainyard.paths import PLATFORM_DIR
+from trainyard.platform import mlflow_auth as auth
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.context import TenantFacts
 from trainyard.platform.kube import k8s_options, labels
-from trainyard.platform.monitoring import service_monitor
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
 from trainyard.platform.tenant_access import ui_access
 
 IMAGE: str = yaml.safe_load((PLATFORM_DIR / "mlflow" / "images.yaml").read_text(encoding="utf-8"))["server"]
+USERS_SCRIPT = PLATFORM_DIR / "mlflow" / auth.USERS_SCRIPT
 POSTGRES_IMAGE: str = yaml.safe_load(
     (PLATFORM_DIR / "cloudnative-pg" / "images.yaml").read_text(encoding="utf-8"))["postgres"]
 NAMESPACE = names.MLFLOW_NAMESPACE
@@ -68,9 +69,13 @@ SERVER_SECRET = "mlflow-server"
 # MLflow reads the Flask secret from this variable and hands it to every worker (mlflow/server/__init__.py @ 3.17.2,
 # _run_server: MLFLOW_FLASK_SERVER_SECRET_KEY); without it each process would sign sessions with its own.
 FLASK_SECRET_KEY = "MLFLOW_FLASK_SERVER_SECRET_KEY"
-# CloudNativePG names the application user's Secret `<cluster>-app`, with the connection URI under `uri`
-# (cloudnative-pg v1.30.0 docs/src/applications.md).
+# The owner's credentials CloudNativePG initialises the database with (a kubernetes.io/basic-auth Secret:
+# Cluster spec.bootstrap.initdb.secret @ 1.30.0), and the Service of its primary, `<cluster>-rw` (cloudnative-pg
+# v1.30.0 docs/src/applications.md).
 CNPG_CLUSTER = "mlflow-db"
+CNPG_OWNER_SECRET = "mlflow-db-owner"
+CNPG_PORT = 5432
+DATABASE_NAME = DATABASE_OWNER = "mlflow"
 CNPG_API_VERSION = "postgresql.cnpg.io/v1"
 # Under every tenant's artifact prefixes, and one no tenant may write (their role writes `<namespace>/*` only).
 DEFAULT_ARTIFACT_DIR = "_unassigned"
@@ -79,16 +84,17 @@ ARTIFACT_CLAIM = "mlflow-artifacts"
 TMP = "/tmp"
 TMP_SIZE = "256Mi"
 MIGRATION_ACCOUNT = "mlflow-db-upgrade"
+# On the server's pod template: a new store URI or auth config (a new password) rolls the pods, which read both
+# only when they start.
+CONFIG_DIGEST = "trainyard.io/config-sha256"
 UNPRIVILEGED_USER = 10001
 # Host names the server answers (its DNS-rebinding check, --allowed-hosts, fnmatch patterns over the Host header:
-# mlflow/server/security_utils.py @ 3.17.2 is_allowed_host_header): the Service's in-cluster names with the port,
-# localhost (kubectl port-forward) and the addresses pods and Prometheus reach it by (Prometheus scrapes with
-# `Host: <pod IP>:5000`). A Host such as mlflow.mlflow.svc.cluster.local:5000 is refused by default.
+# mlflow/server/security_utils.py @ 3.17.2 is_allowed_host_header): the Service's in-cluster names with the port and
+# localhost (kubectl port-forward). Nothing reaches it by a pod address: the probes' /health is exempt
+# (security_utils.HEALTH_ENDPOINTS), and Prometheus does not scrape it (platform/mlflow_auth.py).
 _SERVICE_HOSTS = tuple(".".join((names.MLFLOW_SERVICE, NAMESPACE, "svc", "cluster.local")[:n]) for n in (1, 2, 3, 4))
-_LOOPBACK_HOSTS = ("localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*")
-# Where the pod network is not known here (`local`: kind's pod CIDR), the server's own default private ranges
-# (security_utils.get_private_ip_patterns), which the flag would otherwise drop.
-_PRIVATE_HOSTS = ("10.*", "192.168.*", *(f"172.{i}.*" for i in range(16, 32)))
+ALLOWED_HOSTS = ",".join((*(f"{h}:{PORT}" for h in _SERVICE_HOSTS), "localhost", "localhost:*", "127.0.0.1",
+                          "127.0.0.1:*"))
 _POD_NAMESPACE = "k8s:io.kubernetes.pod.namespace"  # Cilium's label of an endpoint's namespace
 _KUBE_NAMESPACE = "kubernetes.io/metadata.name"  # the label Kubernetes sets on every namespace
 # Why the server's and the migration's pods do not pass these Checkov checks (checkov.io/skip<N>, tests/review).
@@ -115,56 +121,23 @@ class MlflowArgs:
     artifact_bucket: pulumi.Input[str] | None
     tenants: Mapping[str, TenantFacts]
     network_policy: NetworkPolicyKind
-    # The addresses pods have (the VPC's CIDR on AWS); None where the program cannot know them (`local`).
-    pod_cidr: str | None
-    monitoring_namespace: str | None
-    # kube-prometheus-stack's release when monitoring is on (the ServiceMonitor CRD).
-    monitoring: pulumi.Resource | None
     protect: bool
     depends_on: Sequence[pulumi.Resource] = ()
 
 
-def artifact_root(bucket: str | None, namespace: str) -> str:
-    """Where a tenant's experiments keep their artifacts (the `mlflow-client` ConfigMap's
-    TRAINYARD_MLFLOW_ARTIFACT_ROOT): its S3 prefix, or the server's proxy (`mlflow-artifacts:`) on `local`."""
-    if bucket is None:
-        return f"mlflow-artifacts:/{namespace}"
+def artifact_root(bucket: str, namespace: str) -> str:
+    """Where a tenant's experiments keep their artifacts on AWS (the `mlflow-client` Secret's
+    TRAINYARD_MLFLOW_ARTIFACT_ROOT): its S3 prefix, which its pod identity may write."""
     return f"s3://{bucket}/{namespace}/{names.MLFLOW_ARTIFACT_DIR}"
 
 
-def _artifact_root(bucket: pulumi.Input[str] | None, namespace: str) -> pulumi.Output[str]:
-    def root(name: str | None) -> str:
-        return artifact_root(name, namespace)
-
-    return pulumi.Output.from_input(bucket).apply(root)
-
-
-def address_patterns(cidr: str) -> tuple[str, ...]:
-    """Host patterns that match every address of `cidr` and, for a prefix not on an octet boundary, no whole octet
-    outside it: 100.64.0.0/10 -> 100.64.* .. 100.127.*."""
-    network = ipaddress.IPv4Network(cidr)
-    fixed, spare = divmod(network.prefixlen, 8)
-    octets = str(network.network_address).split(".")
-    if spare == 0:
-        return (".".join([*octets[:fixed], "*"]),)
-    first = int(octets[fixed])
-    return tuple(".".join([*octets[:fixed], str(first + i), "*"]) for i in range(2 ** (8 - spare)))
-
-
-def allowed_hosts(pod_cidr: str | None) -> str:
-    """--allowed-hosts: the Service's names, loopback, and the pod network (AWS: the VPC's CIDR, where Cilium's ENI
-    IPAM gives pods their addresses) or, where it is unknown, the private ranges."""
-    pods = address_patterns(pod_cidr) if pod_cidr is not None else _PRIVATE_HOSTS
-    return ",".join((*(f"{h}:{PORT}" for h in _SERVICE_HOSTS), *_LOOPBACK_HOSTS, *pods))
-
-
-def server_args(*, artifact_bucket: str | None, pod_cidr: str | None, workers: int = 2) -> list[str]:
+def server_args(*, artifact_bucket: str | None, workers: int = 2) -> list[str]:
     """`mlflow server`'s command line (mlflow/cli/__init__.py @ 3.17.2); the store URI and the Flask secret come
     from the environment (MLFLOW_BACKEND_STORE_URI is the --backend-store-uri option's envvar)."""
     args = ["server", "--host", "0.0.0.0", "--port", str(PORT), "--workers", str(workers),
-            "--allowed-hosts", allowed_hosts(pod_cidr),
-            # Prometheus multiprocess files on the writable /tmp; /metrics then serves them (prometheus_exporter.py).
-            "--expose-prometheus", f"{TMP}/prometheus"]
+            "--allowed-hosts", ALLOWED_HOSTS,
+            # Users and permissions (mlflow/cli/__init__.py --app-name; platform/mlflow_auth.py).
+            "--app-name", "basic-auth"]
     if artifact_bucket is None:
         return [*args, "--serve-artifacts", "--artifacts-destination", LOCAL_ARTIFACTS]
     return [*args, "--no-serve-artifacts",
@@ -176,14 +149,22 @@ def _restricted() -> dict[str, Any]:
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _env(uri_secret: str, *, migrate: bool) -> list[dict[str, Any]]:
-    """The migration needs the store only; the Flask secret is the server's."""
-    flask = [] if migrate else [
-        {"name": FLASK_SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": SERVER_SECRET, "key": FLASK_SECRET_KEY}}}]
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+AUTH_DATABASE_ENV = "MLFLOW_AUTH_DATABASE_URI"
+
+
+def _env(*, migrate: bool) -> list[dict[str, Any]]:
+    """The migration needs the two stores' URIs only; the Flask secret and the auth app's config are the server's."""
+    own = [_secret_env(AUTH_DATABASE_ENV, auth.AUTH_SECRET, auth.DATABASE_URI_KEY)] if migrate else [
+        _secret_env(FLASK_SECRET_KEY, SERVER_SECRET, FLASK_SECRET_KEY),
+        {"name": auth.CONFIG_PATH_ENV, "value": f"{auth.CONFIG_DIR}/{auth.CONFIG_KEY}"},
+        _secret_env(auth.ADMIN_PASSWORD_ENV, auth.AUTH_SECRET, auth.ADMIN_PASSWORD_KEY)]
     return [
-        {"name": "MLFLOW_BACKEND_STORE_URI",
-         "valueFrom": {"secretKeyRef": {"name": uri_secret, "key": DATABASE_URI_KEY}}},
-        *flask,
+        _secret_env("MLFLOW_BACKEND_STORE_URI", DATABASE_SECRET, DATABASE_URI_KEY),
+        *own,
         # MLflow reports usage to its maintainers unless told not to (mlflow/environment_variables.py @ 3.17.2).
         {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
         # The image's user has no home under a random uid: caches go to the writable /tmp.
@@ -191,31 +172,51 @@ def _env(uri_secret: str, *, migrate: bool) -> list[dict[str, Any]]:
     ]
 
 
-def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, Any]:
-    """The server's pod, or with `migrate` the pod that runs `mlflow db upgrade` once."""
+# The auth store's schema, made by the migration before its tables (SQLAlchemy, which the image's server runs on).
+CREATE_AUTH_SCHEMA = ("import os, sqlalchemy\n"
+                      "with sqlalchemy.create_engine(os.environ['MLFLOW_BACKEND_STORE_URI']).begin() as db:\n"
+                      f"    db.execute(sqlalchemy.text('CREATE SCHEMA IF NOT EXISTS {auth.SCHEMA}'))\n")
+_MIGRATION_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def _migration_steps(base: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The auth schema, then the tracking store (`mlflow db upgrade`), as init containers in that order; then the
+    auth store (`python -m mlflow.server.auth db upgrade`: mlflow/server/auth/db/cli.py @ 3.17.2). Kubernetes expands
+    $(VAR) in args from the container's env: no shell, and no URI on a command line the API shows."""
+    step = {**base, "resources": _MIGRATION_RESOURCES}
+    schema = {**step, "name": "auth-schema", "command": ["python"], "args": ["-c", CREATE_AUTH_SCHEMA]}
+    tracking = {**step, "name": "migrate", "command": ["mlflow"], "args": ["db", "upgrade",
+                                                                         "$(MLFLOW_BACKEND_STORE_URI)"]}
+    users = {**step, "name": "migrate-auth", "command": ["python"],
+             "args": ["-m", "mlflow.server.auth", "db", "upgrade", "--url", f"$({AUTH_DATABASE_ENV})"]}
+    return [schema, tracking], users
+
+
+def pod_spec(args: MlflowArgs, *, migrate: bool) -> dict[str, Any]:
+    """The server's pod, or with `migrate` the pod that migrates both stores once."""
     container: dict[str, Any] = {
-        "name": "migrate" if migrate else "server",
+        "name": "server",
         "image": IMAGE,
         # A release tag: a node that holds it restarts the server without reaching ghcr.io (CHECKOV_SKIPS).
         "imagePullPolicy": "IfNotPresent",
-        "env": _env(uri_secret, migrate=migrate),
+        "env": _env(migrate=migrate),
         "securityContext": _restricted(),
         "volumeMounts": [{"name": "tmp", "mountPath": TMP}],
     }
-    # Bounded: the Prometheus exporter writes a file per worker process there, and a restarted worker a new one.
+    # Bounded: caches (HOME) go there.
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
+    init: list[dict[str, Any]] = []
     if migrate:
-        # Kubernetes expands $(VAR) in args from the container's env: no shell, and the URI never hits a command line
-        # the API shows.
-        container |= {"command": ["mlflow"], "args": ["db", "upgrade", "$(MLFLOW_BACKEND_STORE_URI)"],
-                      "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                    "limits": {"cpu": "1", "memory": "1Gi"}}}
+        init, container = _migration_steps(container)
     else:
+        container["volumeMounts"].append({"name": "auth", "mountPath": auth.CONFIG_DIR, "readOnly": True})
+        volumes.append({"name": "auth", "secret": {"secretName": auth.AUTH_SECRET, "defaultMode": 0o440,
+                                                   "items": [{"key": auth.CONFIG_KEY, "path": auth.CONFIG_KEY}]}})
         probe = {"httpGet": {"path": "/health", "port": PORT_NAME}, "periodSeconds": 10}
         container |= {
             "command": ["mlflow"],
             "args": pulumi.Output.from_input(args.artifact_bucket).apply(
-                lambda bucket: server_args(artifact_bucket=bucket, pod_cidr=args.pod_cidr)),
+                lambda bucket: server_args(artifact_bucket=bucket)),
             "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
             # /health is exempt from the host check (security_utils.HEALTH_ENDPOINTS), so probes by pod IP pass.
             "readinessProbe": {**probe, "failureThreshold": 3},
@@ -232,6 +233,7 @@ def pod_spec(args: MlflowArgs, uri_secret: str, *, migrate: bool) -> dict[str, A
         "automountServiceAccountToken": False,
         "nodeSelector": {names.ROLE_LABEL: "system"},
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": UNPRIVILEGED_USER},
+        **({"initContainers": init} if init else {}),
         "containers": [container],
         "volumes": volumes,
         **({"restartPolicy": "OnFailure"} if migrate else {}),
@@ -250,28 +252,33 @@ def cnpg_cluster(size_gib: int) -> dict[str, Any]:
             "instances": 1,
             "imageName": POSTGRES_IMAGE,
             "storage": {"size": f"{size_gib}Gi"},
-            "bootstrap": {"initdb": {"database": "mlflow", "owner": "mlflow"}},
+            "bootstrap": {"initdb": {"database": DATABASE_NAME, "owner": DATABASE_OWNER,
+                                     "secret": {"name": CNPG_OWNER_SECRET}}},
             "affinity": {"nodeSelector": {names.ROLE_LABEL: "system"}},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         },
     }
 
 
-def server_ingress_policy(kind: NetworkPolicyKind, tenant_namespaces: Sequence[str],
-                          monitoring_namespace: str | None) -> dict[str, Any]:
-    """Only tenants' pods (and Prometheus) reach the server; selecting its pods turns every other ingress away."""
-    sources = sorted(tenant_namespaces) + ([monitoring_namespace] if monitoring_namespace else [])
+USERS_LABELS = {**APP_LABELS, "app.kubernetes.io/component": auth.USERS_COMPONENT}
+
+
+def server_ingress_policy(kind: NetworkPolicyKind, tenant_namespaces: Sequence[str]) -> dict[str, Any]:
+    """Only tenants' pods and the users Job reach the server; selecting its pods turns every other ingress away."""
+    sources = sorted(tenant_namespaces)
     meta = {"name": "mlflow-server-ingress", "namespace": NAMESPACE, "labels": labels("mlflow", "tenancy")}
     if kind == "cilium":
         return {"apiVersion": CILIUM_API_VERSION, "kind": "CiliumNetworkPolicy", "metadata": meta, "spec": {
             "endpointSelector": {"matchLabels": APP_LABELS},
-            "ingress": [{"fromEndpoints": [{"matchLabels": {_POD_NAMESPACE: ns}} for ns in sources],
+            "ingress": [{"fromEndpoints": [*({"matchLabels": {_POD_NAMESPACE: ns}} for ns in sources),
+                                           {"matchLabels": {_POD_NAMESPACE: NAMESPACE, **USERS_LABELS}}],
                          "toPorts": [{"ports": [{"port": str(PORT), "protocol": "TCP"}]}]}],
         }}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta, "spec": {
         "podSelector": {"matchLabels": APP_LABELS},
         "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {_KUBE_NAMESPACE: ns}}} for ns in sources],
+        "ingress": [{"from": [*({"namespaceSelector": {"matchLabels": {_KUBE_NAMESPACE: ns}}} for ns in sources),
+                              {"podSelector": {"matchLabels": USERS_LABELS}}],
                      "ports": [{"port": PORT, "protocol": "TCP"}]}],
     }}
 
@@ -301,8 +308,8 @@ def _version_suffix(image: str) -> str:
 
 
 class Mlflow(pulumi.ComponentResource):
-    """Namespace, database (Secret or CloudNativePG cluster), migration Job, server, Service, ServiceMonitor,
-    network policies, and each tenant's client ConfigMap and egress policy."""
+    """Namespace, database (Secret, and a CloudNativePG cluster on `local`), auth config, migration Job, server,
+    Service, the users Job, network policies, and each tenant's client Secret and egress policy."""
 
     release: pulumi.Resource
     tracking_uri: str
@@ -321,7 +328,8 @@ class Mlflow(pulumi.ComponentResource):
         # reaches the database pods here too, which still want the password only the server's Secret holds.
         ui_access(name, NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None), in_ns)
         stateful = pulumi.ResourceOptions(protect=args.protect, retain_on_delete=args.protect)
-        uri_secret, database = self._database(name, args, namespace, in_ns, stateful)
+        store_uri, database = self._database(name, args, namespace, in_ns, stateful)
+        auth_secret, admin = self._auth(name, args, store_uri, in_ns)
 
         flask = random.RandomPassword(f"{name}-flask-secret", length=64, special=False,
                                       opts=pulumi.ResourceOptions(parent=self))
@@ -346,11 +354,11 @@ class Mlflow(pulumi.ComponentResource):
                 f"{name}-artifacts", metadata={"name": ARTIFACT_CLAIM, "namespace": NAMESPACE,
                                                "labels": labels("mlflow", "tracking")},
                 spec=claim, opts=pulumi.ResourceOptions.merge(in_ns, stateful)))
-        prereqs = [namespace, account, migration_account, server_secret, *database, *volumes]
+        prereqs = [namespace, account, migration_account, server_secret, auth_secret, *database, *volumes]
 
         job_labels = {**APP_LABELS, "app.kubernetes.io/component": "db-upgrade"}
         job_spec: Any = {"backoffLimit": 6, "template": {
-            "metadata": {"labels": job_labels}, "spec": pod_spec(args, uri_secret, migrate=True)}}
+            "metadata": {"labels": job_labels}, "spec": pod_spec(args, migrate=True)}}
         migration = k8s.batch.v1.Job(
             f"{name}-db-upgrade",
             metadata={"name": f"mlflow-db-upgrade-{_version_suffix(IMAGE)}", "namespace": NAMESPACE,
@@ -362,14 +370,17 @@ class Mlflow(pulumi.ComponentResource):
                                                                      delete_before_replace=True)))
 
         replicas = args.settings.replicas
+        digest = pulumi.Output.unsecret(pulumi.Output.all(store_uri, admin).apply(
+            # A value not known yet (a preview, the offline plan) digests as empty.
+            lambda values: hashlib.sha256("\n".join(v or "" for v in values).encode()).hexdigest()))
         deployment_spec: Any = {
             "replicas": replicas,
             "selector": {"matchLabels": APP_LABELS},
             # One more pod before one less; the local artifact volume mounts on one node, so there it is Recreate.
             "strategy": ({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
                          if args.artifact_bucket is not None else {"type": "Recreate"}),
-            "template": {"metadata": {"labels": APP_LABELS},
-                         "spec": {**pod_spec(args, uri_secret, migrate=False),
+            "template": {"metadata": {"labels": APP_LABELS, "annotations": {CONFIG_DIGEST: digest}},
+                         "spec": {**pod_spec(args, migrate=False),
                                   "topologySpreadConstraints": [{
                                       "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                       "whenUnsatisfiable": "ScheduleAnyway",
@@ -392,53 +403,113 @@ class Mlflow(pulumi.ComponentResource):
             f"{name}-service", metadata={"name": names.MLFLOW_SERVICE, "namespace": NAMESPACE,
                                          "labels": {**labels("mlflow", "tracking-server"), **APP_LABELS}},
             spec=service_spec, opts=in_ns)
-        if args.monitoring is not None and args.monitoring_namespace is not None:
-            target = ScrapeTarget(name="mlflow", namespace=NAMESPACE, selector=APP_LABELS, port=PORT_NAME)
-            custom_resource(f"{name}-service-monitor", service_monitor(target, args.monitoring_namespace),
-                            k8s_options(cluster, self, [args.monitoring, service]))
-        self._policies(name, args, namespace)
+        policy = self._policies(name, args, namespace)
+        self._users(name, args, namespace, [self.deployment, service, policy])
         self.release = self.deployment
         self.tracking_uri = names.MLFLOW_TRACKING_URI
         self.register_outputs({"trackingUri": self.tracking_uri, "deployment": self.deployment.metadata["name"]})
 
     def _database(self, name: str, args: MlflowArgs, namespace: pulumi.Resource, in_ns: pulumi.ResourceOptions,
-                  stateful: pulumi.ResourceOptions) -> tuple[str, list[pulumi.Resource]]:
-        """The Secret holding the store's URI, and what must exist before a pod reads it."""
-        if args.database is not None:
-            secret = k8s.core.v1.Secret(
-                f"{name}-db-secret", metadata={"name": DATABASE_SECRET, "namespace": NAMESPACE,
-                                               "labels": labels("mlflow", "database")},
-                string_data={DATABASE_URI_KEY: connection_uri(args.database)}, opts=in_ns)
-            return DATABASE_SECRET, [secret]
-        # After the namespace, which waits for the CloudNativePG release (`depends_on`): its CRDs and webhook.
-        database = custom_resource(f"{name}-db", cnpg_cluster(args.settings.database.storage_gib),
-                                   pulumi.ResourceOptions.merge(k8s_options(args.cluster, self, [namespace]), stateful))
-        return f"{CNPG_CLUSTER}-app", [database]
+                  stateful: pulumi.ResourceOptions) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+        """The store's URI and its Secret, and what must exist before a pod reads it."""
+        facts, database = args.database, []
+        if facts is None:
+            # The owner's password is ours, so the URI is known here as on AWS; CloudNativePG sets it at initdb only,
+            # so it is kept like the database.
+            password = random.RandomPassword(f"{name}-db-password", length=auth.PASSWORD_LENGTH, special=False,
+                                             opts=pulumi.ResourceOptions(parent=self, protect=args.protect))
+            owner: Any = {"username": DATABASE_OWNER, "password": pulumi.Output.secret(password.result)}
+            owner_secret = k8s.core.v1.Secret(
+                f"{name}-db-owner", metadata={"name": CNPG_OWNER_SECRET, "namespace": NAMESPACE,
+                                              "labels": labels("mlflow", "database")},
+                type="kubernetes.io/basic-auth", string_data=owner, opts=in_ns)
+            # After the namespace, which waits for the CloudNativePG release (`depends_on`): its CRDs and webhook.
+            database.append(custom_resource(
+                f"{name}-db", cnpg_cluster(args.settings.database.storage_gib),
+                pulumi.ResourceOptions.merge(k8s_options(args.cluster, self, [namespace, owner_secret]), stateful)))
+            facts = DatabaseFacts(host=f"{CNPG_CLUSTER}-rw.{NAMESPACE}.svc", port=CNPG_PORT, name=DATABASE_NAME,
+                                  username=DATABASE_OWNER, password=pulumi.Output.secret(password.result))
+        uri = connection_uri(facts)
+        secret = k8s.core.v1.Secret(
+            f"{name}-db-secret", metadata={"name": DATABASE_SECRET, "namespace": NAMESPACE,
+                                           "labels": labels("mlflow", "database")},
+            string_data={DATABASE_URI_KEY: uri}, opts=in_ns)
+        return uri, [secret, *database]
 
-    def _policies(self, name: str, args: MlflowArgs, namespace: pulumi.Resource) -> None:
+    def _auth(self, name: str, args: MlflowArgs, store_uri: pulumi.Output[str],
+              in_ns: pulumi.ResourceOptions) -> tuple[pulumi.Resource, pulumi.Output[str]]:
+        """The auth app's config and the admin's password (kept: the app reads it only into an empty user store)."""
+        admin = random.RandomPassword(f"{name}-auth-admin", length=auth.PASSWORD_LENGTH, special=False,
+                                      opts=pulumi.ResourceOptions(parent=self, protect=args.protect))
+        auth_uri = store_uri.apply(auth.schema_uri)
+        data: Any = {auth.CONFIG_KEY: pulumi.Output.secret(auth_uri.apply(auth.auth_config)),
+                     auth.DATABASE_URI_KEY: pulumi.Output.secret(auth_uri),
+                     auth.ADMIN_PASSWORD_KEY: pulumi.Output.secret(admin.result)}
+        secret = k8s.core.v1.Secret(
+            f"{name}-auth-secret", metadata={"name": auth.AUTH_SECRET, "namespace": NAMESPACE,
+                                             "labels": labels("mlflow", "auth")},
+            string_data=data, opts=in_ns)
+        return secret, admin.result
+
+    def _users(self, name: str, args: MlflowArgs, namespace: pulumi.Resource,
+               server: Sequence[pulumi.Resource]) -> None:
+        """Each tenant's user: its password in the tenant's `mlflow-client` Secret and in the users Secret here, and
+        the Job that makes the users once the server answers."""
+        cluster = args.cluster
+        in_ns = k8s_options(cluster, self, [namespace])
+        passwords: dict[str, pulumi.Output[str]] = {}
+        for tenant in sorted(args.tenants.values(), key=lambda t: t.name):
+            password = random.RandomPassword(f"{name}-user-{tenant.name}", length=auth.PASSWORD_LENGTH,
+                                             special=False, opts=pulumi.ResourceOptions(parent=self))
+            passwords[tenant.name] = password.result
+            root = (None if args.artifact_bucket is None else
+                    pulumi.Output.from_input(args.artifact_bucket).apply(
+                        lambda bucket, ns=tenant.namespace: artifact_root(bucket, ns)))
+            data: Any = auth.client_data(tenant.name, pulumi.Output.secret(password.result), root)
+            k8s.core.v1.Secret(
+                f"{name}-client-{tenant.name}",
+                metadata={"name": names.MLFLOW_CLIENT_CONFIG, "namespace": tenant.namespace,
+                          "labels": labels("mlflow-client", "tenancy", **{"trainyard.io/tenant": tenant.name})},
+                string_data=data, opts=k8s_options(cluster, self, list(tenant.ready)))
+        users: Any = {user: pulumi.Output.secret(password) for user, password in passwords.items()}
+        users_secret = k8s.core.v1.Secret(
+            f"{name}-users", metadata={"name": auth.USERS_SECRET, "namespace": NAMESPACE,
+                                       "labels": labels("mlflow", auth.USERS_COMPONENT)},
+            string_data=users, opts=in_ns)
+        meta: Any = {"name": auth.USERS_ACCOUNT, "namespace": NAMESPACE,
+                     "labels": labels("mlflow", auth.USERS_COMPONENT)}
+        account = k8s.core.v1.ServiceAccount(f"{name}-users-account", metadata=meta,
+                                             automount_service_account_token=False, opts=in_ns)
+        script = k8s.core.v1.ConfigMap(f"{name}-users-script", metadata=meta,
+                                       data={auth.USERS_SCRIPT: USERS_SCRIPT.read_text(encoding="utf-8")},
+                                       opts=in_ns)
+        spec: Any = auth.users_job_spec(IMAGE, _restricted())
+        # The users and passwords it makes (their digest): a change is a new Job, and so a new run.
+        spec["template"]["metadata"]["annotations"] = {"trainyard.io/users-sha256": pulumi.Output.unsecret(
+            pulumi.Output.all(**passwords).apply(
+                lambda known: auth.users_digest({user: password or "" for user, password in known.items()})))}
+        k8s.batch.v1.Job(
+            f"{name}-users-job", metadata={**meta, "annotations": auth.CHECKOV_SKIPS}, spec=spec,
+            opts=pulumi.ResourceOptions.merge(
+                k8s_options(cluster, self, [*server, users_secret, account, script]),
+                pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)))
+
+    def _policies(self, name: str, args: MlflowArgs, namespace: pulumi.Resource) -> pulumi.Resource:
         cluster, kind = args.cluster, args.network_policy
         tenants = sorted(args.tenants.values(), key=lambda t: t.name)
-        policy = server_ingress_policy(kind, [t.namespace for t in tenants], args.monitoring_namespace)
-        self._policy(f"{name}-ingress", policy, k8s_options(cluster, self, [namespace]))
+        policy = server_ingress_policy(kind, [t.namespace for t in tenants])
+        ingress = self._policy(f"{name}-ingress", policy, k8s_options(cluster, self, [namespace]))
         for tenant in tenants:
             tenant_labels = labels("mlflow-client", "tenancy", **{"trainyard.io/tenant": tenant.name})
-            in_tenant = k8s_options(cluster, self, list(tenant.ready))
-            root = _artifact_root(args.artifact_bucket, tenant.namespace)
-            config_data: Any = {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI,
-                                "TRAINYARD_MLFLOW_ARTIFACT_ROOT": root}
-            k8s.core.v1.ConfigMap(
-                f"{name}-client-{tenant.name}",
-                metadata={"name": names.MLFLOW_CLIENT_CONFIG, "namespace": tenant.namespace, "labels": tenant_labels},
-                data=config_data, opts=in_tenant)
-            self._policy(f"{name}-egress-{tenant.name}",
-                         tenant_egress_policy(kind, tenant.namespace, tenant_labels), in_tenant)
+            self._policy(f"{name}-egress-{tenant.name}", tenant_egress_policy(kind, tenant.namespace, tenant_labels),
+                         k8s_options(cluster, self, list(tenant.ready)))
+        return ingress
 
-    def _policy(self, logical: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+    def _policy(self, logical: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Resource:
         if manifest["kind"] == "CiliumNetworkPolicy":
-            custom_resource(logical, manifest, opts)
-            return
+            return custom_resource(logical, manifest, opts)
         spec: Any = manifest["spec"]
-        k8s.networking.v1.NetworkPolicy(logical, metadata=manifest["metadata"], spec=spec, opts=opts)
+        return k8s.networking.v1.NetworkPolicy(logical, metadata=manifest["metadata"], spec=spec, opts=opts)
 
 
 def build(ctx: AddonContext) -> Mlflow:
@@ -448,9 +519,7 @@ def build(ctx: AddonContext) -> Mlflow:
         cluster=cluster, settings=ctx.settings(MlflowSettings), database=cluster.tracking_database,
         artifact_bucket=cluster.checkpoint_bucket, tenants=ctx.tenants,
         network_policy="cilium" if cilium else "kubernetes",
-        pod_cidr=ctx.stack.network.vpc_cidr if ctx.stack.target == "aws" else None,
-        monitoring_namespace=ctx.catalogue.chart("kube-prometheus-stack").namespace if ctx.monitoring else None,
-        monitoring=ctx.monitoring, protect=ctx.stack.protect,
+        protect=ctx.stack.protect,
         depends_on=ctx.after))
 
 

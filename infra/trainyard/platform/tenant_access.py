@@ -3,11 +3,12 @@
 The Role covers what a training job is made of (the Volcano Job, the trainer ConfigMap, the checkpoint claim and the
 PodMonitor: workloads/jobs.py), so a member can submit, watch and cancel the same objects `pulumi up` creates, plus
 reading pods, their logs and events and the PodGroup Volcano makes, and a job's Argo WorkflowTemplate and the
-Workflows run from it. Nothing else: no Secrets, no pods of their own (Volcano's and Argo's controllers create
-them; a member may only delete one, as `argo retry` does), no exec, and no object outside the namespace. Queues stay
-out of reach too; the queue-of-namespace admission policy (tenants.queue_policy) keeps their jobs in their own
-queue. On AWS the members reach the API server through EKS access entries that put their IAM principals in the
-group (cloud/access.py).
+Workflows run from it, and reading the one Secret that holds the namespace's MLflow user and password (to sign in
+to the UI: platform/mlflow_auth.py). Nothing else: no other Secret, no pods of their own (Volcano's and Argo's
+controllers create them; a member may only delete one, as `argo retry` does), no exec, and no object outside the
+namespace. Queues stay out of reach too; the queue-of-namespace admission policy (tenants.queue_policy) keeps their
+jobs in their own queue. On AWS the members reach the API server through EKS access entries that put their IAM
+principals in the group (cloud/access.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+
+from trainyard.names import MLFLOW_CLIENT_CONFIG
 
 TENANT_ROLE = "tenant-user"
 UI_ROLE = "tenant-ui"
@@ -45,6 +48,9 @@ def tenant_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["events"], "verbs": _READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
+        # The MLflow user of the namespace, by name: `get` alone, since list and watch ignore resourceNames' narrowing
+        # of what they return (Kubernetes docs, "Using RBAC Authorization": referring to resources).
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [MLFLOW_CLIENT_CONFIG], "verbs": ["get"]},
         # Pipelines: a job's WorkflowTemplate (`trainyard submit --pipeline` applies one per job) and the Workflows
         # that reference it, the only ones the controller runs (platform/argo-workflows/values.yaml
         # workflowRestrictions); `argo stop` and `terminate` patch a Workflow (workflow/util/util.go

@@ -9,7 +9,7 @@ import pulumi
 
 from trainyard.cloud.context import PoolFacts
 from trainyard.config.quantity import quantity_bytes
-from trainyard.names import GPU_TAINT_KEY, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
+from trainyard.names import GPU_TAINT_KEY, MLFLOW_CLIENT_CONFIG, POOL_LABEL, TRAINER_SERVICE_ACCOUNT
 from trainyard.platform.kube import labels
 from trainyard.workloads import launch
 from trainyard.workloads.args import TrainingJobArgs
@@ -17,9 +17,6 @@ from trainyard.workloads.sizing import EFA_RESOURCE, PodResources
 
 # The trainer's variable for the export prefix (workloads/trainyard_train/export.py EXPORT_ENV).
 EXPORT_ENV = "TRAINYARD_CHECKPOINT_EXPORT"
-# The ConfigMap with the tracking URI and artifact root that the MLflow add-on puts in every tenant namespace
-# (platform/mlflow.py); training pods and the pipeline's register step read it (trainyard_train/tracking.py).
-MLFLOW_CLIENT_CONFIG = "mlflow-client"
 JOB_LABEL = "trainyard.io/job"
 TENANT_LABEL = "trainyard.io/tenant"
 ZONE_KEY = "topology.kubernetes.io/zone"
@@ -131,8 +128,9 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         # The root filesystem is read-only: caches that default to $HOME (Triton's ~/.triton, CUDA's ~/.nv,
         # ~/.cache) go to the writable /tmp instead of failing on the image's /home/trainer.
         "HOME": "/tmp",
-        # One MLflow experiment per job (MLflow's own variable; trainyard_train/tracking.py reads it).
-        "MLFLOW_EXPERIMENT_NAME": args.job.name,
+        # One MLflow experiment per job (MLflow's own variable; trainyard_train/tracking.py reads it), under the
+        # namespace: experiment names are one namespace for the whole server.
+        "MLFLOW_EXPERIMENT_NAME": f"{args.namespace}/{args.job.name}",
     }
     if (export := checkpoint_export(args)) is not None:
         env[EXPORT_ENV] = export
@@ -161,10 +159,10 @@ def _container(args: TrainingJobArgs, shape: PodShape) -> dict[str, Any]:
         "command": shape.command,
         "args": shape.args,
         "env": [{"name": name, "value": value} for name, value in env.items()],
-        # The namespace's tracking server and artifact root, when the platform runs MLflow; optional, so a job on a
-        # stack without it starts all the same and tracks nothing (Kubernetes docs, "Configure a Pod to use a
-        # ConfigMap": configMapRef.optional).
-        "envFrom": [{"configMapRef": {"name": MLFLOW_CLIENT_CONFIG, "optional": True}}],
+        # The namespace's tracking server, user and artifact root, when the platform runs MLflow; optional, so a job
+        # on a stack without it starts all the same and tracks nothing (Kubernetes docs, "Distribute Credentials
+        # Securely Using Secrets": envFrom secretRef, optional).
+        "envFrom": [{"secretRef": {"name": MLFLOW_CLIENT_CONFIG, "optional": True}}],
         "ports": [
             {"name": "c10d", "containerPort": launch.RDZV_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": launch.METRICS_PORT, "protocol": "TCP"},
