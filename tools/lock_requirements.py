@@ -7,7 +7,7 @@ would install into an empty environment, with its archive's sha256), and `make` 
 `--require-hashes`, then the project's own packages without dependencies. The hashes are those of the files pip
 picks on this machine: CPython 3.11 on linux x86_64, as on CI.
 
-    .venv/bin/python tools/lock_requirements.py [requirements.txt ...]   relock those (default: all three)
+    .venv/bin/python tools/lock_requirements.py [requirements.txt ...]   relock those (default: every one in LOCKED)
 """
 
 from __future__ import annotations

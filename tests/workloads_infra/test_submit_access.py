@@ -43,6 +43,9 @@ COMMANDS: list[tuple[str, Needs]] = [
 LIFECYCLE: Needs = {("argoproj.io", "workflows"): {"patch", "update", "delete"}, ("", "pods"): {"delete"},
                     ("scheduling.volcano.sh", "podgroups"): READ, ("", "events"): READ,
                     ("events.k8s.io", "events"): READ}
+# Signing in to MLflow's UI: the namespace's user and password (README step 6, `kubectl get secret mlflow-client`);
+# the rule names that one Secret (test_tenant_access.py).
+SIGN_IN: Needs = {("", "secrets"): {"get"}}
 
 
 def _add(into: Needs, more: Needs) -> None:
@@ -116,6 +119,7 @@ def test_the_role_allows_what_submit_does_and_nothing_more(tmp_path: Path,
     sent = {(r.method, r.attributes.resource) for r in cluster.requests}
     assert {("GET", "pods/log"), ("DELETE", "jobs"), ("GET", "podgroups"), ("GET", "events")} <= sent
     _add(needs, LIFECYCLE)
+    _add(needs, SIGN_IN)
     granted = _granted()
     missing = {k: sorted(v - granted.get(k, set())) for k, v in needs.items() if v - granted.get(k, set())}
     assert not missing, f"the Role lacks {missing}"

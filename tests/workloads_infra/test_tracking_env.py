@@ -4,8 +4,8 @@ client settings and user from the optional Secret, and their namespace and job a
 from __future__ import annotations
 
 import pytest
-from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.names import MLFLOW_CLIENT_CONFIG
+from trainyard.plan.runtime import available_stacks, read_stack, render
 from trainyard.workloads.pod import JOB_LABEL
 from trainyard_train.tracking import TrackingTarget
 
