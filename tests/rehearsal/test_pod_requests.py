@@ -75,5 +75,5 @@ def test_a_sharded_prometheus_runs_replicas_times_shards_pods() -> None:
         return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind, "metadata": {"name": "p"}, "spec": spec}
 
     made = [operated(prometheus("Prometheus", replicas=2, shards=3)), operated(prometheus("Prometheus", replicas=2)),
-            operated(prometheus("Alertmanager", replicas=2))]
-    assert [w.replicas for w in made if w is not None] == [6, 2, 2]
+            operated(prometheus("Prometheus", replicas=2, shards=-2)), operated(prometheus("Alertmanager", replicas=2))]
+    assert [w.replicas for w in made if w is not None] == [6, 2, 2, 2]

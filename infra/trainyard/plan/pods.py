@@ -151,7 +151,8 @@ def operated(obj: Mapping[str, Any]) -> Workload | None:
     spec = obj.get("spec") or {}
     template = {key: spec[key] for key in ("nodeSelector", "tolerations", "affinity", "volumes") if key in spec}
     template["containers"] = [{"resources": spec.get("resources") or {}}]
-    shards = int(spec.get("shards", 1) or 1) if obj["kind"] == "Prometheus" else 1
+    # prometheus-operator shardsNumber: a missing, zero or negative spec.shards is one shard.
+    shards = max(1, int(spec.get("shards") or 1)) if obj["kind"] == "Prometheus" else 1
     return Workload(kind=str(obj["kind"]), name=str(lookup(obj, "metadata.name")),
                     replicas=int(spec.get("replicas", 1) or 0) * shards, spec=template, hooks=frozenset())
 

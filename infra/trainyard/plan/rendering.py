@@ -251,7 +251,9 @@ def _builtin_api_versions(kube_version: str) -> tuple[str, ...]:
 # Built-in kinds without a namespace (`kubectl api-resources --namespaced=false`, Kubernetes v1.34).
 CLUSTER_SCOPED = frozenset({
     "APIService", "CertificateSigningRequest", "ClusterRole", "ClusterRoleBinding", "ClusterTrustBundle",
-    "CSIDriver", "CSINode", "CustomResourceDefinition", "DeviceClass", "FlowSchema", "IngressClass", "IPAddress",
+    "ComponentStatus", "CSIDriver", "CSINode", "CustomResourceDefinition", "DeviceClass", "FlowSchema", "IngressClass",
+    "IPAddress", "SelfSubjectAccessReview", "SelfSubjectReview", "SelfSubjectRulesReview", "SubjectAccessReview",
+    "TokenReview",
     "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "MutatingWebhookConfiguration", "Namespace", "Node",
     "PersistentVolume", "PriorityClass", "PriorityLevelConfiguration", "ResourceSlice", "RuntimeClass", "ServiceCIDR",
     "StorageClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
