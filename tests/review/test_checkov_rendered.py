@@ -150,7 +150,9 @@ def test_a_second_object_failing_a_check_its_release_has_a_reason_for_is_named()
         resources.append(record)
     rendered = render_releases(Recording(resources=resources), planned.settings.cluster.kubernetes_version)
     reasons = load_reasons()
-    found = [line.split(" (")[0] for line in unexplained(report_of(tuple(rendered.releases.values())).failed, reasons)]
+    # Checkov over Cilium's objects alone: the other releases render as on the stack, which
+    # test_every_check_a_release_fails_has_a_written_reason checks (a fifth of the objects, a fifth of the time).
+    found = [line.split(" (")[0] for line in unexplained(report_of((rendered.releases["cilium"],)).failed, reasons)]
     checks = {line.split(": ")[1].split(" fails")[0] for line in found}
     assert "CKV_K8S_16" in checks and all(("cilium", check) in reasons for check in checks)  # each has a reason
     assert found == [f"cilium: {check} fails on daemonset.cilium-envoy" for check in sorted(checks)]
