@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 from trainyard.config import Settings
 from trainyard.config.load import decode_value
-from trainyard.plan.runtime import STACKS_DIR, StackFile, available_stacks, read_stack, settings_of
+from trainyard.plan.recording import Recording
+from trainyard.plan.runtime import (
+    STACKS_DIR,
+    StackFile,
+    StackPlan,
+    available_stacks,
+    plan_stack,
+    read_stack,
+    settings_of,
+)
 
 OWNED_STACKS = Path(__file__).resolve().parent / "fixtures" / "stacks"
 
@@ -29,6 +38,18 @@ def stack_file(stack: Stack) -> StackFile:
 @cache
 def stack_settings(stack: Stack) -> Settings:
     return settings_of(stack_file(stack))
+
+
+@cache
+def planned(stack: Stack) -> StackPlan:
+    """The stack as `plan` sees it, planned once per test process for every test file that reads it: edit a copy
+    (dataclasses.replace, copy.deepcopy), never the plan itself."""
+    return plan_stack(stack_file(stack))
+
+
+def recording(stack: Stack) -> Recording:
+    """Every registration of the stack's program (`planned(stack).recording`: the same one, never to be edited)."""
+    return planned(stack).recording
 
 
 def stack_raw(stack: Stack) -> dict[str, Any]:

@@ -4,9 +4,10 @@ stack's own charts install."""
 from __future__ import annotations
 
 import pytest
+from owned_stacks import planned
 from trainyard.plan.conformance import check_rendered
 from trainyard.plan.rendering import RenderedRelease, RenderedStack
-from trainyard.plan.runtime import available_stacks, plan_stack, read_stack
+from trainyard.plan.runtime import STACKS_DIR, available_stacks
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -39,5 +40,5 @@ def test_a_built_in_object_is_held_to_kubernetes_schema() -> None:
 
 @pytest.mark.parametrize("stack", available_stacks())
 def test_every_rendered_object_conforms(stack: str) -> None:
-    planned = plan_stack(read_stack(stack))
-    assert [str(p) for p in check_rendered(planned.rendered, planned.settings.cluster.kubernetes_version)] == []
+    plan = planned((stack, STACKS_DIR))
+    assert [str(p) for p in check_rendered(plan.rendered, plan.settings.cluster.kubernetes_version)] == []

@@ -8,23 +8,22 @@ publish), so a plan that pinned only the tag would say 1.14.1 and run 1.13.0.
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 
 import pytest
 import trainyard.__main__ as cli
+from owned_stacks import planned
 from trainyard.config.release_check import recorded_digests
 from trainyard.plan import rendering
 from trainyard.plan.images import digest_mismatches, images
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.rendering import render_releases
-from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack
+from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks
 
 KARPENTER = "public.ecr.aws/karpenter/controller"
 
 
-@cache
 def _planned(stack: str) -> StackPlan:
-    return plan_stack(read_stack(stack))
+    return planned((stack, STACKS_DIR))
 
 
 def _karpenter_stack() -> tuple[str, ResourceRecord]:

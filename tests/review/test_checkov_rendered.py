@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import planned
 from review_support import REPO_ROOT, STACKS
 from test_checkov import CHECKOV_VERSION, checkov_binary, describe, run_checkov, skip_reason
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RELEASE, RenderedRelease, render_releases
-from trainyard.plan.runtime import plan_stack, read_stack
+from trainyard.plan.runtime import STACKS_DIR
 from trainyard.plan.writers import rendered_files
 
 REASONS_GLOB = "platform/*/checkov.yaml"
@@ -60,7 +61,7 @@ class ChartReport:
 
 @cache
 def chart_report(stack: str) -> ChartReport:
-    return report_of(tuple(plan_stack(read_stack(stack)).rendered.releases.values()))
+    return report_of(tuple(planned((stack, STACKS_DIR)).rendered.releases.values()))
 
 
 def report_of(releases: tuple[RenderedRelease, ...]) -> ChartReport:
@@ -139,16 +140,16 @@ def test_a_reason_covers_only_the_objects_it_names() -> None:
 def test_a_second_object_failing_a_check_its_release_has_a_reason_for_is_named() -> None:
     """The reason for Cilium's privileged check is the agent's mount-bpf-fs init container: an Envoy made
     privileged by a values change fails the same check and must not pass on the agent's reason."""
-    stack = next(s for s in STACKS if "cilium" in plan_stack(read_stack(s)).rendered.releases)
-    planned = plan_stack(read_stack(stack))
+    stack = next(s for s in STACKS if "cilium" in planned((s, STACKS_DIR)).rendered.releases)
+    plan = planned((stack, STACKS_DIR))
     resources = []
-    for record in planned.recording.resources:
+    for record in plan.recording.resources:
         if record.type == RELEASE and record.inputs.get("name") == "cilium":
             inputs = copy.deepcopy(record.inputs)
             inputs["values"].setdefault("envoy", {}).setdefault("securityContext", {})["privileged"] = True
             record = dataclasses.replace(record, inputs=inputs)
         resources.append(record)
-    rendered = render_releases(Recording(resources=resources), planned.settings.cluster.kubernetes_version)
+    rendered = render_releases(Recording(resources=resources), plan.settings.cluster.kubernetes_version)
     reasons = load_reasons()
     # Checkov over Cilium's objects alone: the other releases render as on the stack, which
     # test_every_check_a_release_fails_has_a_written_reason checks (a fifth of the objects, a fifth of the time).

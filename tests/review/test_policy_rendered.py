@@ -14,10 +14,11 @@ from functools import cache
 from typing import Any
 
 import pytest
+from owned_stacks import planned
 from review_support import STACKS
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rendering import RELEASE, RenderedRelease
-from trainyard.plan.runtime import plan_stack, read_stack
+from trainyard.plan.runtime import STACKS_DIR
 from trainyard_policy.isolation import GPU_ENV
 from trainyard_policy.resources import Resource, from_record, pod_specs
 from trainyard_policy.rules import evaluate
@@ -41,7 +42,7 @@ def chart_resource(release: RenderedRelease, record: ResourceRecord, obj: Mappin
 @cache
 def _views(stack: str) -> tuple[tuple[Resource, ...], tuple[Resource, ...]]:
     """(our resources, the rendered objects) of a stack."""
-    plan = plan_stack(read_stack(stack))
+    plan = planned((stack, STACKS_DIR))
     releases = {str(r.inputs.get("name", r.name)): r for r in plan.recording.resources if r.type == RELEASE}
     charts = (chart_resource(release, releases[name], obj)
               for name, release in plan.rendered.releases.items() for obj in release.objects)
