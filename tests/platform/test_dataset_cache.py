@@ -3,16 +3,14 @@ a training pod finds the data (issue 19 findings 1-3, 8, 13, 14b, 14c, 21)."""
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import pytest
-from owned_stacks import Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import Stack, recording, stack_settings, stacks_where
 from trainyard.cloud.userdata import CACHE_MOUNT
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.quantity import quantity_bytes
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import render
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 from trainyard.platform.alluxio import (
     IMAGE,
@@ -27,9 +25,8 @@ CACHE_STACKS = stacks_where(lambda s: s.is_aws and s.addons.alluxio.enabled)
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def _objects(stack: Stack, kind: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import FLEET, Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, recording, stack_file, stack_settings, stacks_where
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
@@ -51,9 +51,8 @@ def _render(raw: dict[str, Any]) -> Recording:
     return render(StackFile(stack=base.stack, values=values, secret_keys=base.secret_keys))
 
 
-@cache
 def _recording(stack: Stack = FLEET) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 @cache

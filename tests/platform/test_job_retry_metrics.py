@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import Stack, fleet_and_samples_where, stack_file
+from owned_stacks import Stack, fleet_and_samples_where, planned
 from trainyard.plan.conformance import upstream_dir
 from trainyard.plan.rendering import RenderedRelease
-from trainyard.plan.runtime import plan_stack
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_CRD = upstream_dir(REPO) / "crds" / "batch.volcano.sh" / "job_v1alpha1.json"
@@ -25,7 +24,7 @@ STACKS = fleet_and_samples_where(lambda s: s.addons.volcano.enabled and s.addons
 
 @cache
 def _monitoring(stack: Stack) -> RenderedRelease:
-    (release,) = [r for r in plan_stack(stack_file(stack)).rendered.releases.values()
+    (release,) = [r for r in planned(stack).rendered.releases.values()
                   if r.chart == "kube-prometheus-stack"]
     return release
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from owned_stacks import recording
+from trainyard.plan.runtime import STACKS_DIR, available_stacks
 from trainyard.plan.writers import HELM_RELEASE, release_of
 
 STACKS = available_stacks()
@@ -92,7 +93,7 @@ def reclaim_victims(tiers: Sequence[Sequence[dict[str, Any]]], cluster: Cluster,
 
 @cache
 def _scheduler(stack: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    (values,) = [release_of(r)["values"] for r in render(read_stack(stack)).resources
+    (values,) = [release_of(r)["values"] for r in recording((stack, STACKS_DIR)).resources
                  if r.type == HELM_RELEASE and release_of(r)["chart"] == "volcano"]
     return values["custom"], yaml.safe_load(values["custom"]["scheduler_config_override"])
 
@@ -141,7 +142,7 @@ def test_preempt_runs_only_where_priorities_differ(stack: str) -> None:
     """The priority plugin never names a victim of equal priority (plugins/priority/priority.go)."""
     _, conf = _scheduler(stack)
     actions = [a.strip() for a in conf["actions"].split(",")]
-    priorities = {r.inputs["spec"]["priorityClassName"] for r in render(read_stack(stack)).resources
+    priorities = {r.inputs["spec"]["priorityClassName"] for r in recording((stack, STACKS_DIR)).resources
                   if r.type == VOLCANO_JOB}
     if len(priorities) <= 1:
         assert "preempt" not in actions

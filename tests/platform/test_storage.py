@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import pytest
-from owned_stacks import FLEET, Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, planned, stack_file, stack_settings, stacks_where
 from trainyard.config import ConfigError, Settings
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.plan.runtime import PROJECT, StackPlan, plan_stack
+from trainyard.plan.runtime import PROJECT, StackPlan
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 
 
@@ -31,9 +30,8 @@ NOT_OSDS = ("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef
             "/dev/nvme0n1", "/dev/nvme1n1")
 
 
-@cache
 def _plan(stack: Stack) -> StackPlan:
-    return plan_stack(stack_file(stack))
+    return planned(stack)
 
 
 def _rendered(stack: Stack, chart: str, kind: str) -> list[Mapping[str, Any]]:

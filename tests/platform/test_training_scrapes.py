@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import Stack, fleet_and_samples_where, stack_file
-from trainyard.plan.runtime import plan_stack
+from owned_stacks import Stack, fleet_and_samples_where, planned
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.workloads.jobs import RANK_ZERO_LABEL
 
@@ -24,7 +23,7 @@ STACKS = fleet_and_samples_where(lambda s: s.addons.monitoring.enabled)
 @cache
 def _objects(stack: Stack) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the program's objects, the kube-prometheus-stack release's rendered objects)."""
-    plan = plan_stack(stack_file(stack))
+    plan = planned(stack)
     program = [manifest_of(r) for r in plan.recording.resources if is_kubernetes_object(r)]
     (release,) = [r for r in plan.rendered.releases.values() if r.chart == "kube-prometheus-stack"]
     return program, list(release.objects)

@@ -5,13 +5,11 @@ lands on the read-only root filesystem (finding 23)."""
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any
 
 import pytest
-from owned_stacks import Stack, every_stack, stack_file, stack_settings, stacks_where
+from owned_stacks import Stack, every_stack, recording, stack_settings, stacks_where
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import render
 from trainyard.plan.writers import manifest_of
 from trainyard_train.export import EXPORT_ENV, ExportTarget
 
@@ -19,9 +17,8 @@ JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 NAMESPACE_TAG = "${aws:PrincipalTag/kubernetes-namespace}"
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def _containers(stack: Stack) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:

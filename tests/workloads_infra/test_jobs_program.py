@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from jobs_render import JOB_TYPE, training_jobs, volcano_schema_errors
+from owned_stacks import recording
 from trainyard.config import load_settings
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render
 
 KIND_TYPES = {"elastic": "ElasticTrainingJob", "mig": "MigTrainingJob", "smoke": "SmokeTrainingJob"}
 
 
-@functools.cache
 def _program(stack: str) -> Recording:
-    return render(read_stack(stack))
+    return recording((stack, STACKS_DIR))
 
 
 def _configured_jobs(stack: str) -> dict[str, str]:

@@ -4,8 +4,9 @@ client settings and user from the optional Secret, and their namespace and job a
 from __future__ import annotations
 
 import pytest
+from owned_stacks import recording
 from trainyard.names import MLFLOW_CLIENT_CONFIG
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import STACKS_DIR, available_stacks
 from trainyard.workloads.pod import JOB_LABEL
 from trainyard_train.tracking import TrackingTarget
 
@@ -14,7 +15,7 @@ VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
 @pytest.mark.parametrize("stack_name", available_stacks())
 def test_every_training_pod_reads_its_namespaces_tracking_settings(stack_name: str) -> None:
-    jobs = [r.inputs for r in render(read_stack(stack_name)).resources if r.type == VOLCANO_JOB
+    jobs = [r.inputs for r in recording((stack_name, STACKS_DIR)).resources if r.type == VOLCANO_JOB
             and r.inputs["metadata"]["labels"].get("app.kubernetes.io/component") == "training"]
     assert jobs, f"stack {stack_name} renders no training job"
     for job in jobs:
