@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import FLEET, Stack, recording, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, planned, stack_file, stack_settings, stacks_where
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
@@ -52,7 +52,7 @@ def _render(raw: dict[str, Any]) -> Recording:
 
 
 def _recording(stack: Stack = FLEET) -> Recording:
-    return recording(stack)
+    return planned(stack).recording
 
 
 @cache

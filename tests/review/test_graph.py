@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
-from owned_stacks import FLEET, stack_file
+from owned_stacks import FLEET, planned
 from review_support import STACKS, rendered
 from trainyard.plan import graph
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import render
 
 
-@cache
 def _fleet() -> Recording:
-    return render(stack_file(FLEET))
+    return planned(FLEET).recording
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from jobs_render import JOB_TYPE, training_jobs, volcano_schema_errors
-from owned_stacks import recording
+from owned_stacks import planned
 from trainyard.config import load_settings
 from trainyard.plan.recording import Recording
 from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render
@@ -13,7 +13,7 @@ KIND_TYPES = {"elastic": "ElasticTrainingJob", "mig": "MigTrainingJob", "smoke":
 
 
 def _program(stack: str) -> Recording:
-    return recording((stack, STACKS_DIR))
+    return planned((stack, STACKS_DIR)).recording
 
 
 def _configured_jobs(stack: str) -> dict[str, str]:
