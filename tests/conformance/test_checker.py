@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import yaml
 from trainyard.plan.conformance import (
     INVALID,
     MISSING_SCHEMA,
     MISSING_UPSTREAM,
     UNKNOWN_KEY,
+    YAML_LOADER,
     Problem,
     check_helm_values,
     check_manifest,
@@ -153,3 +155,12 @@ def test_values_passed_to_a_crd_are_checked_against_it() -> None:
 def test_chart_without_upstream_data_is_reported_distinctly() -> None:
     problems = check_helm_values(_helm("no-such-chart", "1.0.0", {"anything": 1}), upstream=UPSTREAM)
     assert _kinds(problems) == {MISSING_UPSTREAM}
+
+
+def test_the_fast_yaml_loader_reads_every_pinned_charts_values_as_the_pure_one_does() -> None:
+    """The chart defaults conformance checks against are the same whichever loader PyYAML offers."""
+    files = sorted(upstream_dir().glob("**/values.yaml"))
+    assert files
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert yaml.load(text, Loader=YAML_LOADER) == yaml.safe_load(text), path  # noqa: S506
