@@ -125,10 +125,10 @@ class MlflowArgs:
     depends_on: Sequence[pulumi.Resource] = ()
 
 
-def artifact_root(bucket: str, namespace: str) -> str:
+def artifact_root(bucket: pulumi.Input[str], namespace: str) -> pulumi.Output[str]:
     """Where a tenant's experiments keep their artifacts on AWS (the `mlflow-client` Secret's
     TRAINYARD_MLFLOW_ARTIFACT_ROOT): its S3 prefix, which its pod identity may write."""
-    return f"s3://{bucket}/{namespace}/{names.MLFLOW_ARTIFACT_DIR}"
+    return pulumi.Output.concat("s3://", bucket, f"/{namespace}/{names.MLFLOW_ARTIFACT_DIR}")
 
 
 def server_args(*, artifact_bucket: str | None, workers: int = 2) -> list[str]:
@@ -462,9 +462,7 @@ class Mlflow(pulumi.ComponentResource):
             password = random.RandomPassword(f"{name}-user-{tenant.name}", length=auth.PASSWORD_LENGTH,
                                              special=False, opts=pulumi.ResourceOptions(parent=self))
             passwords[tenant.name] = password.result
-            root = (None if args.artifact_bucket is None else
-                    pulumi.Output.from_input(args.artifact_bucket).apply(
-                        lambda bucket, ns=tenant.namespace: artifact_root(bucket, ns)))
+            root = None if args.artifact_bucket is None else artifact_root(args.artifact_bucket, tenant.namespace)
             data: Any = auth.client_data(tenant.name, pulumi.Output.secret(password.result), root)
             k8s.core.v1.Secret(
                 f"{name}-client-{tenant.name}",
@@ -488,8 +486,9 @@ class Mlflow(pulumi.ComponentResource):
         spec["template"]["metadata"]["annotations"] = {"trainyard.io/users-sha256": pulumi.Output.unsecret(
             pulumi.Output.all(**passwords).apply(
                 lambda known: auth.users_digest({user: password or "" for user, password in known.items()})))}
+        job_meta: Any = {**meta, "annotations": auth.CHECKOV_SKIPS}
         k8s.batch.v1.Job(
-            f"{name}-users-job", metadata={**meta, "annotations": auth.CHECKOV_SKIPS}, spec=spec,
+            f"{name}-users-job", metadata=job_meta, spec=spec,
             opts=pulumi.ResourceOptions.merge(
                 k8s_options(cluster, self, [*server, users_secret, account, script]),
                 pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)))
