@@ -79,7 +79,9 @@ def tracked_run(server: AuthServer, tmp_path: Path, user: str, experiment: str) 
     target = TrackingTarget.from_env({k: str(v) for k, v in env.items()})
     assert target is not None and target.auth == (user, PASSWORDS[user])
     cfg = load_config(TINY, [f"run_dir={tmp_path}"])
-    tracker = Tracker(target, cfg, flush_s=0.05, retry_s=0.5).start()
+    # The target's own credentials, with the tests' request timeout: the pods' 5 s is short for a loaded CI machine.
+    tracker = Tracker(target, cfg, client=MlflowClient(target.uri, timeout_s=30.0, auth=target.auth), flush_s=0.05,
+                      retry_s=0.5).start()
     for step in (1, 2, 3):
         _step(tracker, step)
     tracker.record({"event": "done", "time": time.time(), "step": 3, "samples": 48})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from trainyard_train.mlflow_rest import (
     MAX_PARAMS_PER_BATCH,
     Metric,
     MlflowClient,
+    MlflowError,
     batches,
 )
 from trainyard_train.tracking import RUN_FILE, Tracker, TrackingTarget, flatten
@@ -239,3 +241,34 @@ def test_an_unreadable_run_file_or_an_unexpected_error_never_ends_tracking(
     (run,) = server.state.runs.values()
     assert run["info"]["status"] == "FINISHED" and run["params"]  # a new run, whole
     assert json.loads((tmp_path / RUN_FILE).read_text())["run_id"] == run["info"]["run_id"]
+
+
+class _SlowFailingClient(MlflowClient):
+    """Its first request is still in flight when the trainer closes the tracker, then times out."""
+
+    def __init__(self, uri: str, stopping: Any) -> None:
+        super().__init__(uri)
+        self.stopping = stopping
+        self.failed = threading.Event()
+
+    def experiment_id(self, *args: Any, **kwargs: Any) -> str:
+        if not self.failed.is_set():
+            self.failed.set()
+            wait_until(self.stopping.is_set)
+            raise MlflowError("timed out")
+        return super().experiment_id(*args, **kwargs)
+
+
+def test_closing_while_a_request_fails_still_makes_the_last_attempt(tmp_path: Path) -> None:
+    cfg = load_config(TINY, [f"run_dir={tmp_path}"])
+    with mlflow_server() as server:
+        tracker = Tracker(TrackingTarget(server.uri, "closing", None), cfg, flush_s=0.05, retry_s=600.0)
+        tracker.client = client = _SlowFailingClient(server.uri, tracker._stop)
+        tracker.start()
+        tracker.record({"event": "step", "time": time.time(), "step": 1, "loss": 1.0, "seconds": 0.1,
+                        "grad_bytes": 10, "samples": 16})
+        tracker.record({"event": "done", "time": time.time(), "step": 1, "samples": 16})
+        wait_until(client.failed.is_set)  # the first attempt is in flight
+        tracker.close(timeout_s=30)
+    (run,) = server.state.runs.values()  # the failure backed off for 600 s, but closing tried once more
+    assert run["info"]["status"] == "FINISHED" and run["metrics"]

@@ -146,7 +146,6 @@ class Tracker:
         if failed:
             with self._lock:
                 self._status = self._status or "FAILED"
-        self._next_try = 0.0  # one last attempt even while backing off
         self._stop.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -157,7 +156,9 @@ class Tracker:
     def _run(self) -> None:
         while True:
             stopping = self._stop.wait(self.flush_s)
-            if time.monotonic() >= self._next_try:
+            # Stopping makes one last attempt even while backing off, also when the attempt in flight as close() was
+            # called failed (and so set the next try after it).
+            if stopping or time.monotonic() >= self._next_try:
                 try:
                     self._flush(final=stopping)
                     if self._warned:
