@@ -378,3 +378,22 @@ def test_a_custom_resource_needs_its_own_kinds_crd_not_one_of_its_group() -> Non
     moment = replace(moment, before=replace(empty, charts=frozenset({"bars"})))
     assert custom_resources.custom_resources_after_their_crds.check(rec(RELEASE, "user", {"name": "user"}),
                                                                     moment) is None
+
+
+def test_a_startup_taint_remover_whose_role_may_only_update_nodes_is_no_remover() -> None:
+    """`kubectl taint NODE KEY-` sends a PATCH, which RBAC checks as verb `patch` on core nodes
+    (kubernetes.io/docs/reference/access-authn-authz/authorization): the GPU admission check's role with `update`
+    instead leaves its taint on every node, and the rule reads RBAC as the CNI's taint does (review-rules-speed M1)."""
+    def node_role(r: ResourceRecord) -> bool:
+        return (r.type == "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole" and r.name.startswith("gpu-health")
+                and any("nodes" in rule.get("resources", ()) for rule in r.inputs.get("rules") or ()))
+
+    def update_only(inputs: dict[str, Any]) -> None:
+        for rule in inputs["rules"]:
+            if "nodes" in rule["resources"]:
+                rule["verbs"] = ["update" if v == "patch" else v for v in rule["verbs"]]
+
+    stack = stack_with(node_role)
+    assert not found(recorded(stack), "startup-taints-removable")
+    findings = found(edit(stack, node_role, update_only), "startup-taints-removable")
+    assert findings and all("removes its startup taint trainyard.io/gpu-health" in f.problem for f in findings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,7 +185,7 @@ def _cni_removed_taints(objects: tuple[Mapping[str, Any], ...]) -> frozenset[str
     if found is None:
         return frozenset()
     pod, config = found
-    if not _go_bool(config.get("remove-cilium-node-taints", "true")) or not _may_patch_nodes(objects, pod):
+    if not _go_bool(config.get("remove-cilium-node-taints", "true")) or not may_patch_nodes(objects, pod):
         return frozenset()
     return frozenset({str(config.get("agent-not-ready-taint-key", CILIUM_AGENT_NOT_READY))})
 
@@ -198,9 +198,11 @@ def _cni_ipam(objects: tuple[Mapping[str, Any], ...]) -> str | None:
     return str(found[1]["ipam"]) if found is not None and "ipam" in found[1] else None
 
 
-def _may_patch_nodes(objects: tuple[Mapping[str, Any], ...], workload: Mapping[str, Any]) -> bool:
-    """The workload's service account holds `patch` on nodes through a rendered ClusterRoleBinding (Kubernetes
-    RBAC: a ClusterRole's rules, bound to the ServiceAccount subject by name and namespace)."""
+def may_patch_nodes(objects: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> bool:
+    """The workload's service account holds `patch` on core nodes through a rendered ClusterRoleBinding (Kubernetes
+    RBAC: a ClusterRole's rules, bound to the ServiceAccount subject by name and namespace). Removing a taint or a
+    label is an HTTP PATCH, which RBAC checks as verb `patch` (kubernetes.io/docs/reference/access-authn-authz/
+    authorization, "Request verb"): `update` alone, or nodes of another API group, cannot."""
     account = (str(lookup(workload, "spec.template.spec.serviceAccountName") or "default"),
                str(lookup(workload, "metadata.namespace") or ""))
     roles = {str(lookup(o, "roleRef.name")) for o in objects if o.get("kind") == "ClusterRoleBinding"

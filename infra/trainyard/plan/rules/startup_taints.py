@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from trainyard.plan.cluster_model import Pool, Taint, admits
+from trainyard.plan.cluster_state import may_patch_nodes
 from trainyard.plan.pods import Workload, lookup, workload
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.resource_types import CONFIG_MAP, NODE_POOL
@@ -44,17 +45,10 @@ def taint_removers(moment: Moment, key: str) -> Iterator[Workload]:
 
 
 def _node_patchers(objects: list[Mapping[str, Any]]) -> Iterator[tuple[Workload, str]]:
-    patching = {str(lookup(o, "metadata.name")) for o in objects if o.get("kind") == "ClusterRole" and any(
-        {"nodes", "*"} & set(grant.get("resources") or ()) and {"patch", "update", "*"} & set(grant.get("verbs") or ())
-        for grant in o.get("rules") or ())}
-    accounts = {(str(s.get("namespace")), str(s.get("name"))) for o in objects
-                if o.get("kind") == "ClusterRoleBinding" and lookup(o, "roleRef.name") in patching
-                for s in o.get("subjects") or () if s.get("kind") == "ServiceAccount"}
     for obj in objects:
         pod = workload(obj)
-        namespace = str(lookup(obj, "metadata.namespace") or "")
-        if pod is not None and pod.daemon and (namespace, str(pod.spec.get("serviceAccountName"))) in accounts:
-            yield pod, namespace
+        if pod is not None and pod.daemon and may_patch_nodes(objects, obj):
+            yield pod, str(lookup(obj, "metadata.namespace") or "")
 
 
 def startup_taints(record: ResourceRecord, moment: Moment) -> tuple[Taint, ...]:
