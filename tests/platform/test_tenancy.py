@@ -217,8 +217,8 @@ def test_fabric_checks_run_in_their_own_namespace_and_queue(stack: str) -> None:
 
 def _monitor(**spec: Any) -> dict[str, Any]:
     endpoint = spec.pop("endpoint", {})
-    return {"spec": {"selector": {}, "sampleLimit": SAMPLE_LIMIT, "podMetricsEndpoints": [{"port": "m", **endpoint}],
-                     **spec}}
+    return {"spec": {"selector": {}, "sampleLimit": SAMPLE_LIMIT,
+                     "podMetricsEndpoints": [{"port": "m", "followRedirects": False, **endpoint}], **spec}}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -243,6 +243,10 @@ def test_a_tenants_pod_monitor_scrapes_its_namespace_keeps_its_label_and_bounds_
         own = namespace["metadata"]["name"]
         assert policy.admits(_monitor(), namespace)
         assert policy.admits(_monitor(namespaceSelector={"matchNames": [own]}), namespace)
+        # Renaming a series' metric (`__name__`, after the scrape) steers nothing.
+        assert policy.admits(_monitor(endpoint={"metricRelabelings": [
+            {"sourceLabels": ["__name__"], "regex": "x_(.*)", "targetLabel": "__name__", "replacement": "y_$1"}]}),
+            namespace)
         refused = {
             "every namespace": _monitor(namespaceSelector={"any": True}),
             "another namespace": _monitor(namespaceSelector={"matchNames": [own, "monitoring"]}),
@@ -266,7 +270,11 @@ def test_a_tenants_pod_monitor_scrapes_its_namespace_keeps_its_label_and_bounds_
             "a token from a URL": _monitor(endpoint={"oauth2": {
                 "clientId": {"secret": {"name": "x", "key": "id"}}, "clientSecret": {"name": "x", "key": "s"},
                 "tokenUrl": "http://10.0.0.1/"}}),
-            "no sample limit": {"spec": {"selector": {}, "podMetricsEndpoints": [{"port": "m"}]}},
+            "redirects followed": _monitor(endpoint={"followRedirects": True}),
+            "redirects followed by default": {"spec": {"selector": {}, "sampleLimit": SAMPLE_LIMIT,
+                                                       "podMetricsEndpoints": [{"port": "m"}]}},
+            "no sample limit": {"spec": {"selector": {}, "podMetricsEndpoints": [
+                {"port": "m", "followRedirects": False}]}},
             "too many samples": _monitor(sampleLimit=SAMPLE_LIMIT + 1),
         }
         for what, monitor in refused.items():

@@ -8,14 +8,14 @@ rewrites the `namespace` label of every series and rule, the DCGM exporter's per
 bounds are set where members write: a tenant's PodMonitor scrapes its own namespace only, cannot rewrite or
 import the `namespace` label its series carry (the operator sets it from the target's namespace before a monitor's
 relabelings run, and a scraped label would win with honorLabels), and accepts at most SAMPLE_LIMIT samples a scrape.
-Its targets are its namespace's pods, which the tenant's quota bounds: no relabeling may write a `__`-prefixed label
-(`__address__`, `__scheme__`, `__metrics_path__`, `__param_<name>` say where and how Prometheus scrapes: Prometheus
-relabel_config, "labels starting with __ are removed after relabeling"), and no endpoint names a proxy or an OAuth2
-token URL (PodMetricsEndpoint proxyUrl, proxyFromEnvironment, oauth2.tokenUrl @ prometheus-operator 0.93.1), each of
-which would send the shared Prometheus's requests to a host of the tenant's choosing, past its network policy.
-What stays open: Prometheus follows a target's HTTP redirects (scrape_config follow_redirects defaults to true), so a
-pod that answers its scrape with a redirect still sends Prometheus to another host, a blind request whose answer
-only that tenant's own series could show.
+Its targets are its namespace's pods, which the tenant's quota bounds: no target relabeling may write a `__`-prefixed
+label (`__address__`, `__scheme__`, `__metrics_path__`, `__param_<name>` say where and how Prometheus scrapes:
+Prometheus relabel_config, "labels starting with __ are removed after relabeling"; a metric relabeling may, as
+renaming `__name__` steers nothing), no endpoint names a proxy or an OAuth2 token URL (PodMetricsEndpoint proxyUrl,
+proxyFromEnvironment, oauth2.tokenUrl @ prometheus-operator 0.93.1), and every endpoint says `followRedirects:
+false` (Prometheus follows a target's redirects unless told not to: scrape_config follow_redirects defaults to
+true), each of which would otherwise send the shared Prometheus's requests to a host of the tenant's choosing, past
+its network policy.
 """
 
 from __future__ import annotations
@@ -37,16 +37,19 @@ _NAMING_ACTIONS = ("labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep"
 _ELSEWHERE = ("proxyUrl", "oauth2")
 
 
-def _rule_keeps_namespace(rule: str) -> str:
-    # A target label may also name a regex group (`${1}`), which can spell any label; `__` labels steer the scrape.
-    target = (f"(has({rule}.targetLabel) && ({rule}.targetLabel == '{_LABEL}' || {rule}.targetLabel.contains('$') "
-              f"|| {rule}.targetLabel.startsWith('__')))")
+def _rule_keeps_namespace(rule: str, steering: bool) -> str:
+    # A target label may also name a regex group (`${1}`), which can spell any label; on targets (`steering`), `__`
+    # labels steer the scrape.
+    steers = f" || {rule}.targetLabel.startsWith('__')" if steering else ""
+    target = (f"(has({rule}.targetLabel) && ({rule}.targetLabel == '{_LABEL}' || {rule}.targetLabel.contains('$')"
+              f"{steers}))")
     naming = f"(has({rule}.action) && {rule}.action in [{', '.join(repr(a) for a in _NAMING_ACTIONS)}])"
     return f"!{target} && !{naming}"
 
 
 def _rules_keep_namespace(endpoint: str, field: str) -> str:
-    return f"(!has({endpoint}.{field}) || {endpoint}.{field}.all(r, {_rule_keeps_namespace('r')}))"
+    rule = _rule_keeps_namespace("r", steering=field == "relabelings")
+    return f"(!has({endpoint}.{field}) || {endpoint}.{field}.all(r, {rule}))"
 
 
 def pod_monitor_policy() -> dict[str, Any]:
@@ -75,16 +78,17 @@ def pod_monitor_policy() -> dict[str, Any]:
                               f"{_rules_keep_namespace('e', 'relabelings')} && "
                               f"{_rules_keep_namespace('e', 'metricRelabelings')})",
                 "message": f"a tenant's PodMonitor keeps the {_LABEL} label its targets get and the address they "
-                           f"are scraped at: no honorLabels, no relabeling with targetLabel {_LABEL}, a __ label or "
-                           "a $ reference, no labelmap, labeldrop or labelkeep",
+                           f"are scraped at: no honorLabels, no relabeling with targetLabel {_LABEL} or a $ "
+                           "reference, no target relabeling of a __ label, no labelmap, labeldrop or labelkeep",
                 "reason": "Forbidden",
             },
             {
                 "expression": f"!has({endpoints}) || {endpoints}.all(e, "
                               + " && ".join(f"!has(e.{f})" for f in _ELSEWHERE)
-                              + " && !(has(e.proxyFromEnvironment) && e.proxyFromEnvironment))",
+                              + " && !(has(e.proxyFromEnvironment) && e.proxyFromEnvironment)"
+                              + " && has(e.followRedirects) && !e.followRedirects)",
                 "message": "a tenant's PodMonitor scrapes its pods directly: no proxyUrl, proxyFromEnvironment or "
-                           "oauth2 in spec.podMetricsEndpoints",
+                           "oauth2, and followRedirects: false, in every spec.podMetricsEndpoints entry",
                 "reason": "Forbidden",
             },
             {

@@ -70,6 +70,9 @@ class _TrainingJob(pulumi.ComponentResource):
                     "sampleLimit": SAMPLE_LIMIT,
                     "podMetricsEndpoints": [{
                         "port": "metrics", "interval": SCRAPE_INTERVAL,
+                        # Prometheus follows redirects by default; a tenant's monitor must say it does not
+                        # (PodMetricsEndpoint followRedirects, CRD podmonitors @ 0.93.1; monitor_policy.py).
+                        "followRedirects": False,
                         # A relabeling without source labels sets the label on every target (Prometheus
                         # relabel_config: action replace, regex (.*) matches the empty source).
                         "relabelings": [{"targetLabel": RANK_ZERO_LABEL[0], "replacement": RANK_ZERO_LABEL[1]}],
