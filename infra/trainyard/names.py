@@ -67,6 +67,13 @@ MLFLOW_ARTIFACT_DIR = "mlflow"
 # The Secret every tenant namespace gets with the tracking URI, the tenant's MLflow user and password, and on AWS its
 # artifact root (platform/mlflow_auth.py); pods take it whole as their environment.
 MLFLOW_CLIENT_CONFIG = "mlflow-client"
+# The auth app's admin user (platform/mlflow_auth.py); each tenant's MLflow user and workspace take the tenant's name.
+MLFLOW_ADMIN_USERNAME = "admin"
+# What a tenant may not be named while MLflow is on: the admin, and the workspace names MLflow keeps for itself
+# (`default`: mlflow/utils/workspace_utils.py DEFAULT_WORKSPACE_NAME; the rest are path segments:
+# mlflow/store/workspace/abstract_store.py WorkspaceNameValidator._RESERVED @ 3.17.2).
+MLFLOW_RESERVED_NAMES = frozenset({MLFLOW_ADMIN_USERNAME, "default", "workspaces", "api", "ajax-api", "static-files"})
+MLFLOW_MIN_NAME = 2  # WorkspaceNameValidator._MIN_LENGTH @ 3.17.2
 # The training pipeline (platform/argo_workflows.py): Argo's namespace, and the account every tenant's workflow
 # pods run as (the WorkflowTemplates name it); it gets the trainer's pod identity (its namespace's S3 prefix).
 WORKFLOWS_NAMESPACE = "argo"

@@ -1,12 +1,20 @@
-"""Make the MLflow auth app's users what the platform says: one per tenant, each with the password of its Secret.
+"""Make the MLflow auth app's users what the platform says: one per tenant, each with the password of its Secret and
+a member of its own workspace only.
 
-Runs in the server's image as a Job after the server is up (infra/trainyard/platform/mlflow_auth.py), on the
-standard library only. It logs in as the admin (MLFLOW_TRACKING_USERNAME, its password in the file
-ADMIN_PASSWORD_FILE) to MLFLOW_TRACKING_URI and reads the users from USERS_DIR, one file per user, named by the user
-and holding its password. For each: create it, or, when it exists, set its password to the file's (an admin's
-password update needs no current password: mlflow/server/auth/__init__.py @ 3.17.2 update_user_password), so running
-it again changes nothing and a rotated password takes effect. Users it was not given are left alone. REST paths:
-mlflow/server/auth/routes.py @ 3.17.2.
+Runs in the server's image as a Job after the server is up, and again as a CronJob (infra/trainyard/platform/
+mlflow_auth.py), on the standard library only. It logs in as the admin (MLFLOW_TRACKING_USERNAME, its password in
+the file ADMIN_PASSWORD_FILE) to MLFLOW_TRACKING_URI and reads the users from USERS_DIR, one file per user, named by
+the user and holding its password. For each, all of it idempotent (REST paths: mlflow/server/auth/routes.py and
+the workspace routes of mlflow/protos/service.proto @ 3.17.2; the admin passes every validator):
+- the user: create it, or set its password to the file's (an admin's update needs no current password:
+  mlflow/server/auth/__init__.py update_user_password), so a password a member changed or a rotated one is put back;
+- its workspace, named as the user: create it when missing (only an admin may: validate_can_create_workspace);
+- its membership: the workspace's `user` role (USE on ("workspace", "*"), which MLflow seeds into a new workspace:
+  _DEFAULT_WORKSPACE_ROLES; made here when missing), assigned to the user, and every role the user holds in another
+  user's workspace unassigned (a grant another tenant made it: users/permissions/grant writes a role in the
+  granter's workspace). Roles in `default`, which only the admin can hand out now (what the user made there before
+  workspaces, README "MLflow per tenant"), are kept.
+Users it was not given are left alone.
 
 Exit 0 when every user is in place; 1 with the reason otherwise. The server may still be starting: /health is tried
 ATTEMPTS times, DELAY_SECONDS apart.
@@ -26,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 USERS = "/api/2.0/mlflow/users"
+WORKSPACES = "/api/3.0/mlflow/workspaces"
+ROLES = "/api/3.0/mlflow/roles"
+USER_ROLES = "/api/3.0/mlflow/users/roles/list"
+MEMBER_ROLE = "user"
+MEMBER_GRANT = {"resource_type": "workspace", "resource_pattern": "*", "permission": "USE"}
 
 
 class RefusedError(Exception):
@@ -64,12 +77,51 @@ class Admin:
             raise
         return True
 
-    def ensure(self, username: str, password: str) -> str:
+    def ensure(self, username: str, password: str, others: set[str]) -> str:
+        """The user, its workspace and its membership (none in the workspaces of `others`); what was done, in
+        words."""
         if self.exists(username):
             self.call("PATCH", f"{USERS}/update-password", {"username": username, "password": password})
-            return "updated"
-        self.call("POST", f"{USERS}/create", {"username": username, "password": password})
-        return "created"
+            done = ["updated"]
+        else:
+            self.call("POST", f"{USERS}/create", {"username": username, "password": password})
+            done = ["created"]
+        done.append(self.ensure_workspace(username))
+        done.extend(self.ensure_member(username, self.member_role(username), others))
+        return ", ".join(done)
+
+    def ensure_workspace(self, name: str) -> str:
+        try:
+            self.call("POST", WORKSPACES, {"name": name})
+        except RefusedError as exc:
+            if "RESOURCE_ALREADY_EXISTS" in exc.body:
+                return f"workspace {name} kept"
+            raise
+        return f"workspace {name} created"
+
+    def member_role(self, workspace: str) -> int:
+        """The workspace's `user` role, with its grant (made here when the server did not seed it)."""
+        roles = self.call("GET", f"{ROLES}/list", query={"workspace": workspace}).get("roles", [])
+        role = next((r for r in roles if r["name"] == MEMBER_ROLE and r["workspace"] == workspace), None)
+        if role is None:
+            role = self.call("POST", f"{ROLES}/create", {"name": MEMBER_ROLE, "workspace": workspace})["role"]
+        grants = [{k: p[k] for k in MEMBER_GRANT} for p in role.get("permissions", [])]
+        if MEMBER_GRANT not in grants:
+            self.call("POST", f"{ROLES}/permissions/add", {"role_id": role["id"], **MEMBER_GRANT})
+        return int(role["id"])
+
+    def ensure_member(self, username: str, role_id: int, others: set[str]) -> list[str]:
+        """`username` holds `role_id` and no role in the workspaces of `others`."""
+        held = self.call("GET", USER_ROLES, query={"username": username}).get("roles", [])
+        done = []
+        for role in held:
+            if role["workspace"] in others:
+                self.call("DELETE", f"{ROLES}/unassign", {"username": username, "role_id": role["id"]})
+                done.append(f"left {role['workspace']}")
+        if all(int(role["id"]) != role_id for role in held):
+            self.call("POST", f"{ROLES}/assign", {"username": username, "role_id": role_id})
+            done.append("member")
+        return done
 
 
 def wait_for(base: str, attempts: int, delay_s: float) -> None:
@@ -104,8 +156,9 @@ def main(env: dict[str, str]) -> int:
     admin = Admin(base, env.get("MLFLOW_TRACKING_USERNAME", "admin"), admin_file.read_text().strip())
     wait_for(base, int(env.get("ATTEMPTS", "30")), float(env.get("DELAY_SECONDS", "10")))
     try:
-        for username, password in users(folder).items():
-            print(f"{username}: {admin.ensure(username, password)}", flush=True)
+        given = users(folder)
+        for username, password in given.items():
+            print(f"{username}: {admin.ensure(username, password, set(given) - {username})}", flush=True)
     except RefusedError as exc:
         print(f"the server refused: {exc}", file=sys.stderr)
         return 1

@@ -191,6 +191,10 @@ CASES: list[tuple[str, Callable[[Raw], None], str, str]] = [
     ("tracking-db-no-backups", _set("addons.mlflow.database.backupRetentionDays", 0),
      "trainyard:addons.mlflow.database.backupRetentionDays", "greater than or equal to 1"),
     ("mlflow-no-server", _set("addons.mlflow.replicas", 0), "trainyard:addons.mlflow.replicas", "greater than"),
+    # The tenant's MLflow user would be the admin, or its workspace one MLflow keeps (names.MLFLOW_RESERVED_NAMES).
+    ("tenant-is-mlflow-admin", _set("tenants[2].name", "admin"), "trainyard:tenants[2].name", "MLflow keeps admin"),
+    ("tenant-name-too-short-for-mlflow", _set("tenants[2].name", "x"), "trainyard:tenants[2].name",
+     "under 2 characters"),
 ]
 
 

@@ -1,10 +1,11 @@
 """The MLflow Tracking Server (platform/mlflow.py) as each stack renders it.
 
-What tenants rely on: every tenant namespace holds the server, its own MLflow user and (AWS) its artifact root; the
-server runs the basic-auth app with nothing open by default, and a Job makes the users once it is up; only tenants
-(and that Job) reach the server; on AWS the server only reads artifacts and its default root is a prefix no tenant's
-role writes; the schema is migrated before the server rolls; the database is RDS on AWS and a CloudNativePG cluster,
-after its operator, on `local`. Expectations come from each stack's settings, never from the sample stacks.
+What tenants rely on: every tenant namespace holds the server, its own MLflow user and workspace and (AWS) its
+artifact root; the server runs the basic-auth app with one workspace per tenant and nothing open by default, and a
+Job makes the users once it is up (a CronJob puts them back); only tenants (and those jobs) reach the server; on AWS
+the server only reads artifacts and its default root is a prefix no tenant's role writes; the schema is migrated
+before the server rolls; the database is RDS on AWS and a CloudNativePG cluster, after its operator, on `local`.
+Expectations come from each stack's settings, never from the sample stacks.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _checkpoint_bucket(stack: Stack) -> str | None:
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_every_tenant_is_told_the_server_its_own_user_and_artifact_root(stack: Stack) -> None:
+def test_every_tenant_is_told_the_server_its_own_user_workspace_and_artifact_root(stack: Stack) -> None:
     bucket = _checkpoint_bucket(stack)
     secrets = {manifest_of(r)["metadata"]["namespace"]: r for r in _records(stack, "Secret")
                if manifest_of(r)["metadata"]["name"] == names.MLFLOW_CLIENT_CONFIG}
@@ -105,7 +106,7 @@ def test_every_tenant_is_told_the_server_its_own_user_and_artifact_root(stack: S
         expected = mlflow_auth.client_data(tenants[namespace], "<password>", f"s3://{bucket}/{namespace}/"
                                            f"{names.MLFLOW_ARTIFACT_DIR}" if bucket else None)
         assert expected["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI
-        assert expected[mlflow_auth.USERNAME_ENV] == tenants[namespace]
+        assert expected[mlflow_auth.USERNAME_ENV] == expected[mlflow_auth.WORKSPACE_ENV] == tenants[namespace]
         assert manifest_of(record)["stringData"] == dict.fromkeys(expected, "[secret]")
         # Each tenant's password is a generated one of its own.
         (password,) = [by_urn[u] for u in record.depends_on if by_urn[u].type == RANDOM_PASSWORD]
@@ -131,6 +132,7 @@ def _ini() -> configparser.ConfigParser:
 def test_the_server_runs_the_auth_app_closed_by_default_on_its_own_schema(stack: Stack) -> None:
     server = _server(stack)
     assert _option(server["args"], "--app-name") == "basic-auth"
+    assert "--enable-workspaces" in server["args"]  # names, runs and models kept apart per tenant
     env = {e["name"]: e for e in server["env"]}
     config_path = env[mlflow_auth.CONFIG_PATH_ENV]["value"]
     mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
@@ -143,6 +145,7 @@ def test_the_server_runs_the_auth_app_closed_by_default_on_its_own_schema(stack:
     # What the config says (the Secret shows only [secret] in the plan: the function that writes it).
     section = _ini()["mlflow"]
     assert section["default_permission"] == "NO_PERMISSIONS"
+    assert section.getboolean("grant_default_workspace_access") is False
     assert section["database_uri"] == f"{STORE_URI}&options=-csearch_path%3D{mlflow_auth.SCHEMA}"
     assert section["admin_username"] == mlflow_auth.ADMIN_USERNAME
     # The admin's password is generated, and kept wherever the stack keeps its state.
@@ -181,6 +184,19 @@ def test_the_users_are_made_after_the_server_answers(stack: Stack) -> None:
     assert env["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI and env["USERS_DIR"] == mlflow_auth.USERS_DIR
     assert env["ADMIN_PASSWORD_FILE"].startswith(mlflow_auth.ADMIN_DIR)
     assert manifest["spec"]["activeDeadlineSeconds"] < 600  # inside pulumi-kubernetes' default Job await
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
+def test_the_users_are_put_back_every_few_minutes(stack: Stack) -> None:
+    """A member may change its tenant's password (it knows the current one): the same pod, on a schedule, puts
+    the platform's back (review-ml-2 m6)."""
+    job = manifest_of(_one(stack, "Job", mlflow_auth.USERS_ACCOUNT))
+    cron = _one(stack, "CronJob", mlflow_auth.USERS_ACCOUNT)
+    spec = manifest_of(cron)["spec"]
+    assert spec["schedule"] == mlflow_auth.RESTORE_SCHEDULE and spec["concurrencyPolicy"] == "Forbid"
+    assert spec["jobTemplate"]["spec"]["template"]["spec"] == job["spec"]["template"]["spec"]
+    assert spec["jobTemplate"]["spec"]["template"]["metadata"]["labels"] == USERS_LABELS  # the server admits it
+    assert _one(stack, "Deployment", "mlflow").urn in cron.depends_on
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])

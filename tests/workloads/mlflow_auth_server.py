@@ -1,7 +1,7 @@
-"""A real MLflow Tracking Server with its basic-auth app, as the platform runs it: `mlflow server` 3.17.2 from
-.venv-mlflow (requirements-mlflow.txt; `make test` installs it, or $MLFLOW names the binary) with the command line
-platform/mlflow.py builds for `local` and the auth config platform/mlflow_auth.py writes, on SQLite files under a
-temporary folder instead of PostgreSQL."""
+"""A real MLflow Tracking Server with its basic-auth app and workspaces, as the platform runs it: `mlflow server`
+3.17.2 from .venv-mlflow (requirements-mlflow.txt; `make test` installs it, or $MLFLOW names the binary) with the
+command line platform/mlflow.py builds for `local` and the auth config platform/mlflow_auth.py writes, on SQLite
+files under a temporary folder instead of PostgreSQL."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from trainer_launch import free_port
 from trainyard.paths import REPO_ROOT
 from trainyard.platform import mlflow_auth
 from trainyard.platform.mlflow import FLASK_SECRET_KEY, server_args
+from trainyard_train.mlflow_rest import WORKSPACE_HEADER
 
 ADMIN_PASSWORD = "admin0password0for0tests0only0123456789"
 STARTUP_S = 240.0  # uvicorn imports the whole of mlflow; on a loaded machine that takes a minute or more
@@ -47,10 +48,12 @@ class AuthServer:
     log: Path
 
     def status(self, method: str, path: str, user: tuple[str, str] | None = None,
-               body: bytes | None = None) -> int:
-        """The HTTP status the server answers `path` with, as `user`."""
+               body: bytes | None = None, workspace: str | None = None) -> int:
+        """The HTTP status the server answers `path` with, as `user` (in `workspace`)."""
         request = urllib.request.Request(self.uri + path, data=body, method=method,
                                          headers={"Content-Type": "application/json"})
+        if workspace is not None:
+            request.add_header(WORKSPACE_HEADER, workspace)
         if user is not None:
             token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")

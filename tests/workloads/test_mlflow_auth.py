@@ -1,7 +1,9 @@
-"""Per-tenant access to MLflow, against a real `mlflow server --app-name basic-auth` (mlflow_auth_server.py) with the
-platform's own command line and auth config: the users Job's program makes the tenants' users (and re-running it
-changes nothing but a rotated password), a tenant's trainer logs with its credentials, another tenant's credentials
-read none of it, and a server that refuses the credentials never stops training."""
+"""Per-tenant access to MLflow, against a real `mlflow server --app-name basic-auth --enable-workspaces`
+(mlflow_auth_server.py) with the platform's own command line and auth config: the users Job's program makes the
+tenants' users and workspaces (and re-running it changes nothing but a rotated or member-changed password, and takes
+back a membership another tenant gave), a tenant's trainer and register step work with its credentials in its
+workspace, another tenant reads none of it and can neither take nor share its names, and a server that refuses the
+credentials never stops training."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from mlflow_auth_server import ADMIN_PASSWORD, AuthServer, auth_server
 from trainer_launch import TINY, launch
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform import mlflow_auth
+from trainyard_train import register
+from trainyard_train.checkpoint import write_commit
 from trainyard_train.config import load_config
 from trainyard_train.mlflow_rest import MlflowClient, MlflowError
 from trainyard_train.tracking import RUN_FILE, Tracker, TrackingTarget
@@ -59,12 +63,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
     with auth_server(folder) as running:
         made = make_users(running, PASSWORDS, folder / "job")
         assert made.returncode == 0, made.stdout + made.stderr
-        assert sorted(made.stdout.split("\n")[:-1]) == ["research: created", "vision: created"]
+        assert sorted(made.stdout.split("\n")[:-1]) == ["research: created, workspace research created, member",
+                                                       "vision: created, workspace vision created, member"]
         yield running
 
 
-def client(server: AuthServer, user: str, password: str | None = None) -> MlflowClient:
-    return MlflowClient(server.uri, timeout_s=30.0, auth=(user, password or PASSWORDS[user]))
+def client(server: AuthServer, user: str, password: str | None = None, workspace: str | None = None) -> MlflowClient:
+    """`user`'s client, in its own workspace unless told another."""
+    return MlflowClient(server.uri, timeout_s=30.0, auth=(user, password or PASSWORDS[user]),
+                        workspace=workspace or user)
+
+
+def tenant_env(server: AuthServer, user: str) -> dict[str, str]:
+    """What the tenant's `mlflow-client` Secret gives its pods, with the test's server."""
+    env = {k: str(v) for k, v in mlflow_auth.client_data(user, PASSWORDS[user], None).items()}
+    return env | {"MLFLOW_TRACKING_URI": server.uri}  # the test's port, not the cluster's Service
 
 
 def _step(tracker: Tracker, step: int) -> None:
@@ -74,14 +87,11 @@ def _step(tracker: Tracker, step: int) -> None:
 
 def tracked_run(server: AuthServer, tmp_path: Path, user: str, experiment: str) -> str:
     """A tenant's trainer tracker, its target read from the environment its Secret gives its pods."""
-    env = mlflow_auth.client_data(user, PASSWORDS[user], None) | {"MLFLOW_EXPERIMENT_NAME": experiment}
-    env["MLFLOW_TRACKING_URI"] = server.uri  # the test's port, not the cluster's Service
-    target = TrackingTarget.from_env({k: str(v) for k, v in env.items()})
-    assert target is not None and target.auth == (user, PASSWORDS[user])
+    target = TrackingTarget.from_env(tenant_env(server, user) | {"MLFLOW_EXPERIMENT_NAME": experiment})
+    assert target is not None and target.auth == (user, PASSWORDS[user]) and target.workspace == user
     cfg = load_config(TINY, [f"run_dir={tmp_path}"])
     # The target's own credentials, with the tests' request timeout: the pods' 5 s is short for a loaded CI machine.
-    tracker = Tracker(target, cfg, client=MlflowClient(target.uri, timeout_s=30.0, auth=target.auth), flush_s=0.05,
-                      retry_s=0.5).start()
+    tracker = Tracker(target, cfg, client=target.client(timeout_s=30.0), flush_s=0.05, retry_s=0.5).start()
     for step in (1, 2, 3):
         _step(tracker, step)
     tracker.record({"event": "done", "time": time.time(), "step": 3, "samples": 48})
@@ -102,7 +112,7 @@ def test_nobody_without_credentials_and_nothing_by_default(server: AuthServer) -
 
 def test_a_tenants_runs_and_models_are_its_own(server: AuthServer, tmp_path: Path) -> None:
     run_id = tracked_run(server, tmp_path / "research", "research", "research/tiny")
-    research, vision = client(server, "research"), client(server, "vision")
+    research = client(server, "research")
 
     # The trainer logged with its credentials: the run, its parameters and metrics read back as the tenant.
     run = research.get_run(run_id)
@@ -112,9 +122,34 @@ def test_a_tenants_runs_and_models_are_its_own(server: AuthServer, tmp_path: Pat
     model = research.call("POST", "registered-models/create", {"name": "research.tiny"})
     assert model["registered_model"]["name"] == "research.tiny"
 
-    # Another tenant reads, changes and deletes none of it.
+    # Another tenant reads, changes and deletes none of it, from its own workspace (where experiment names are its
+    # own: research's is not there) or naming research's, where it is no member.
     experiment_id = run["info"]["experiment_id"]
-    for what, call in {
+    for workspace in ("vision", "research"):
+        for what, call in foreign_calls(client(server, "vision", workspace=workspace), run_id, experiment_id).items():
+            with pytest.raises(MlflowError) as refused:
+                call()
+            expected = 404 if workspace == "vision" and what == "get it by name" else 403
+            assert refused.value.status == expected, (workspace, what, refused.value)
+    # Searches leave out what it may not read.
+    vision = client(server, "vision")
+    experiments = vision.call("POST", "experiments/search", {"max_results": 100}).get("experiments", [])
+    assert "research/tiny" not in {e["name"] for e in experiments}
+    runs = vision.call("POST", "runs/search", {"experiment_ids": [experiment_id]}).get("runs", [])
+    assert runs == []
+    models = vision.call("GET", "registered-models/search", query={"max_results": "100"})
+    assert "research.tiny" not in {m["name"] for m in models.get("registered_models", [])}
+    # And the artifacts the server's proxy holds for the run (the `local` stack's).
+    artifact = f"/api/2.0/mlflow-artifacts/artifacts/{_proxy_path(run)}/config.yaml"
+    assert server.status("GET", artifact, ("research", PASSWORDS["research"]), workspace="research") == 200
+    for workspace in ("vision", "research"):
+        assert server.status("GET", artifact, ("vision", PASSWORDS["vision"]), workspace=workspace) == 403, workspace
+    assert research.get_run(run_id)["info"]["lifecycle_stage"] == "active"
+
+
+def foreign_calls(vision: MlflowClient, run_id: str, experiment_id: str) -> dict[str, Callable[[], object]]:
+    """What `vision` might try on `research`'s run, experiment and model `research.tiny`."""
+    return {
         "get the run": lambda: vision.get_run(run_id),
         "get the experiment": lambda: vision.call("GET", "experiments/get", query={"experiment_id": experiment_id}),
         "get it by name": lambda: vision.call("GET", "experiments/get-by-name",
@@ -126,22 +161,7 @@ def test_a_tenants_runs_and_models_are_its_own(server: AuthServer, tmp_path: Pat
         "version the model": lambda: vision.call("POST", "model-versions/create", {
             "name": "research.tiny", "source": "s3://elsewhere/model", "run_id": run_id}),
         "delete the model": lambda: vision.call("DELETE", "registered-models/delete", {"name": "research.tiny"}),
-    }.items():
-        with pytest.raises(MlflowError) as refused:
-            call()
-        assert refused.value.status == 403, (what, refused.value)
-    # Searches leave out what it may not read.
-    experiments = vision.call("POST", "experiments/search", {"max_results": 100}).get("experiments", [])
-    assert "research/tiny" not in {e["name"] for e in experiments}
-    runs = vision.call("POST", "runs/search", {"experiment_ids": [experiment_id]}).get("runs", [])
-    assert runs == []
-    models = vision.call("GET", "registered-models/search", query={"max_results": "100"})
-    assert "research.tiny" not in {m["name"] for m in models.get("registered_models", [])}
-    # And the artifacts the server's proxy holds for the run (the `local` stack's).
-    artifact = f"/api/2.0/mlflow-artifacts/artifacts/{_proxy_path(run)}/config.yaml"
-    assert server.status("GET", artifact, ("research", PASSWORDS["research"])) == 200
-    assert server.status("GET", artifact, ("vision", PASSWORDS["vision"])) == 403
-    assert research.get_run(run_id)["info"]["lifecycle_stage"] == "active"
+    }
 
 
 def _proxy_path(run: dict[str, Any]) -> str:
@@ -153,8 +173,18 @@ def _proxy_path(run: dict[str, Any]) -> str:
 def test_making_the_users_again_changes_nothing_but_a_rotated_password(server: AuthServer, tmp_path: Path) -> None:
     again = make_users(server, PASSWORDS, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert sorted(again.stdout.split("\n")[:-1]) == ["research: updated", "vision: updated"]
+    assert sorted(again.stdout.split("\n")[:-1]) == ["research: updated, workspace research kept",
+                                                       "vision: updated, workspace vision kept"]
     assert client(server, "vision").call("POST", "experiments/search", {"max_results": 1}) is not None
+    # A member changes its tenant's password (it knows the current one: the Secret): the next run puts it back.
+    changed = {"username": "vision", "password": "vision0changed0by0a0member00000000000004",
+               "current_password": PASSWORDS["vision"]}
+    client(server, "vision").call("PATCH", "users/update-password", changed)
+    with pytest.raises(MlflowError) as locked_out:
+        client(server, "vision").call("POST", "experiments/search", {"max_results": 1})
+    assert locked_out.value.status == 401
+    assert make_users(server, PASSWORDS, tmp_path).returncode == 0
+    client(server, "vision").call("POST", "experiments/search", {"max_results": 1})
     rotated = {**PASSWORDS, "vision": "vision0rotated0password000000000000000003"}
     assert make_users(server, rotated, tmp_path).returncode == 0
     with pytest.raises(MlflowError) as old:
@@ -165,6 +195,56 @@ def test_making_the_users_again_changes_nothing_but_a_rotated_password(server: A
     # A wrong admin password is a failure the Job reports, not a success.
     refused = make_users(server, PASSWORDS, tmp_path, admin_password="not-the-admins")
     assert refused.returncode == 1 and "HTTP 401" in refused.stderr, refused.stdout + refused.stderr
+
+
+def test_another_tenant_can_neither_take_nor_share_a_tenants_names(server: AuthServer, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """review-ml-2 B1: `vision` makes the experiment and model `research`'s job will use (the names are predictable:
+    `<namespace>/<job>`, `<namespace>.<job>`) and grants `research` EDIT on both; `research`'s trainer and register
+    step must use neither."""
+    vision = client(server, "vision")
+    squatted = vision.experiment_id("research/squat", None)
+    vision.ensure_registered_model("research.squat")
+    for resource_type, resource_id in (("experiment", squatted), ("registered_model", "research.squat")):
+        grant = {"username": "research", "resource_type": resource_type, "resource_id": resource_id,
+                 "permission": "EDIT"}
+        assert server.status("POST", "/api/3.0/mlflow/users/permissions/grant", ("vision", PASSWORDS["vision"]),
+                             json.dumps(grant).encode(), workspace="vision") == 200
+    # Nor can it make them in `research`'s workspace, or in the `default` one a client without a workspace uses.
+    for workspace, name in (("research", "research/squat2"), ("default", "research/squat3")):
+        with pytest.raises(MlflowError) as refused:
+            client(server, "vision", workspace=workspace).experiment_id(name, None)
+        assert refused.value.status == 403, (workspace, refused.value)
+
+    run_id = tracked_run(server, tmp_path / "run", "research", "research/squat")
+    research = client(server, "research")
+    run = research.get_run(run_id)
+    assert run["info"]["experiment_id"] != squatted
+    assert vision.call("POST", "runs/search", {"experiment_ids": [squatted]}).get("runs", []) == []
+    with pytest.raises(MlflowError) as unseen:
+        vision.get_run(run_id)
+    assert unseen.value.status in (403, 404), unseen.value
+
+    # The pipeline's register step, as its pod runs it (the Secret's environment).
+    checkpoint = tmp_path / "checkpoints" / "step-00000003"
+    checkpoint.mkdir(parents=True)
+    write_commit(checkpoint, {"step": 3})
+    evaluation = tmp_path / "evaluation.json"
+    evaluation.write_text(json.dumps({"passed": True, "metrics": {"accuracy": 0.9}, "thresholds": {},
+                                      "checkpoint": {"step": 3, "path": str(checkpoint)}}))
+    for key, value in tenant_env(server, "research").items():
+        monkeypatch.setenv(key, value)
+    args = ["--evaluation", str(evaluation), "--model-name", "research.squat", "--run-dir", str(tmp_path / "run")]
+    assert register.main(args) == 0
+    ours = research.call("GET", "registered-models/get", query={"name": "research.squat"})["registered_model"]
+    assert [v["run_id"] for v in ours.get("latest_versions", [])] == [run_id]
+    theirs = vision.call("GET", "registered-models/get", query={"name": "research.squat"})["registered_model"]
+    assert theirs.get("latest_versions", []) == []
+
+    # The grant made `research` a member of `vision`'s workspace: the users Job takes that back.
+    again = make_users(server, PASSWORDS, tmp_path / "job")
+    assert again.returncode == 0, again.stderr
+    assert "research: updated, workspace research kept, left vision" in again.stdout.split("\n"), again.stdout
 
 
 def test_a_server_that_refuses_the_credentials_never_stops_training(server: AuthServer, tmp_path: Path) -> None:

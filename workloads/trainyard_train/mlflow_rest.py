@@ -10,7 +10,9 @@ get-by-name/create, runs create/get/update/log-batch, registered-models create, 
 and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` the server runs with --serve-artifacts
 (mlflow/store/artifact/mlflow_artifacts_repo.py resolves ``mlflow-artifacts:/<path>`` against the tracking URI).
 Every request carries HTTP basic auth when MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are set (MLflow's
-own client variables: mlflow/environment_variables.py @ 3.17.2), which the server's basic-auth app checks.
+own client variables: mlflow/environment_variables.py @ 3.17.2), which the server's basic-auth app checks, and the
+workspace MLFLOW_WORKSPACE names as the X-MLFLOW-WORKSPACE header, as MLflow's client sends it
+(mlflow/utils/rest_utils.py): the server keeps names, runs and artifacts apart per workspace.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ _ARTIFACT_URI = re.compile(r"mlflow-artifacts:(?://[^/]+)?/(.*)")
 _S3_URI = re.compile(r"s3://([^/]+)/(.*)")
 USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
 PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+WORKSPACE_ENV = "MLFLOW_WORKSPACE"
+WORKSPACE_HEADER = "X-MLFLOW-WORKSPACE"  # mlflow/utils/workspace_utils.py WORKSPACE_HEADER_NAME @ 3.17.2
 
 
 def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
@@ -45,6 +49,12 @@ def credentials(env: dict[str, str] | None = None) -> tuple[str, str] | None:
     env = dict(os.environ) if env is None else env
     username, password = env.get(USERNAME_ENV, ""), env.get(PASSWORD_ENV, "")
     return (username, password) if username and password else None
+
+
+def workspace(env: dict[str, str] | None = None) -> str | None:
+    """The MLflow workspace from the environment; None: the server's default (or a server without workspaces)."""
+    env = dict(os.environ) if env is None else env
+    return env.get(WORKSPACE_ENV, "").strip() or None
 
 
 class MlflowError(Exception):
@@ -90,7 +100,8 @@ def batches(metrics: Sequence[Metric], params: dict[str, str], tags: dict[str, s
 
 
 class MlflowClient:
-    def __init__(self, tracking_uri: str, timeout_s: float = 5.0, auth: tuple[str, str] | None = None) -> None:
+    def __init__(self, tracking_uri: str, timeout_s: float = 5.0, auth: tuple[str, str] | None = None,
+                 workspace: str | None = None) -> None:
         parsed = urllib.parse.urlsplit(tracking_uri)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"expected an http(s):// tracking server URI, got {tracking_uri!r}")
@@ -100,6 +111,8 @@ class MlflowClient:
         if auth is not None:
             token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
             self.headers["Authorization"] = f"Basic {token}"
+        if workspace is not None:
+            self.headers[WORKSPACE_HEADER] = workspace
 
     def _send(self, method: str, path: str, data: bytes | None, content_type: str) -> bytes:
         request = urllib.request.Request(self.base + path, data=data, method=method,

@@ -3,11 +3,12 @@
     python -m trainyard_train.register --evaluation evaluation.json --model-name NAME --run-dir DIR
 
 The training run is the one the trainer tracked (``run_dir/mlflow-run.json``, tracking.py); the server is
-``MLFLOW_TRACKING_URI``. The step logs the evaluation to that run (metrics ``eval.*`` at the checkpoint's step and
-``evaluation.json`` as an artifact), creates the registered model if it is new, and adds a version whose source is
-the checkpoint's reference artifact in the run (``checkpoints/step-NNNNNNNN.json``: the claim path and the exported
-copy's URI; written here if the tracker did not) and whose tags carry every measured number, the thresholds and
-the dataset's manifest hash. It prints the version; run again for the same run and step, it returns that version.
+``MLFLOW_TRACKING_URI`` and the workspace ``MLFLOW_WORKSPACE`` (the namespace's own). The step logs the evaluation
+to that run (metrics ``eval.*`` at the checkpoint's step and ``evaluation.json`` as an artifact), creates the
+registered model if it is new, and adds a version whose source is the checkpoint's reference artifact in the run
+(``checkpoints/step-NNNNNNNN.json``: the claim path and the exported copy's URI; written here if the tracker did
+not) and whose tags carry every measured number, the thresholds and the dataset's manifest hash. It prints the
+version; run again for the same run and step, it returns that version.
 An evaluation that did not pass is refused: the gate stops the workflow first, and this step never registers a
 model on its own judgement.
 """
@@ -27,7 +28,7 @@ from .checkpoint import CheckpointRef
 from .config import ConfigError
 from .exitcodes import CONFIG_ERROR
 from .export import ExportTarget
-from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials
+from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials, workspace
 from .tracking import RUN_FILE, TRACKING_URI_ENV, checkpoint_reference, reference_name
 
 NOT_PASSED = 3  # as evaluate.GATE_FAILED: final, the workflow stops
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"register: {args.evaluation} did not pass the gate ({'; '.join(evaluation.get('failures', []))})"
                   ": not registered", file=sys.stderr)
             return NOT_PASSED
-        client = MlflowClient(uri, timeout_s=30.0, auth=credentials())
+        client = MlflowClient(uri, timeout_s=30.0, auth=credentials(), workspace=workspace())
         version = register(client, evaluation, args.model_name, _run_id(args.run_dir))
     except (InputError, ConfigError, ValueError, OSError) as exc:  # OSError: the checkpoint is gone from the claim
         print(f"register: {exc}", file=sys.stderr)

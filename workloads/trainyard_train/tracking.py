@@ -8,10 +8,11 @@ as a reference artifact ``checkpoints/step-NNNNNNNN.json`` (where it is on the c
 marker), never the shards themselves: they stay where checkpoint.py and export.py put them.
 
 One run per job across restarts and resizes: its id is kept in ``run_dir/mlflow-run.json`` on the claim, so
-whichever pod is rank 0 next reopens it. The job's pods get the tracking URI, the namespace's MLflow user (every
-request carries it: mlflow_rest.py) and on AWS its artifact root from the ``mlflow-client`` Secret; experiments are
-then created with ``artifact_location=<root>/<experiment>``, the prefix the tenant's pod identity may write (the
-server does not write artifacts for tenants on AWS). Without a root (``local``) the server's proxy places them.
+whichever pod is rank 0 next reopens it. The job's pods get the tracking URI, the namespace's MLflow user and
+workspace (every request carries both: mlflow_rest.py) and on AWS its artifact root from the ``mlflow-client``
+Secret; experiments are then created in that workspace with ``artifact_location=<root>/<experiment>``, the prefix
+the tenant's pod identity may write (the server does not write artifacts for tenants on AWS). Without a root
+(``local``) the server's proxy places them.
 
 Never in the way of training: the loop's events are queued (``record`` does no I/O) and a daemon thread sends
 them. A request is one attempt with a short timeout (mlflow_rest.py); when the server is unreachable the tracker
@@ -36,7 +37,7 @@ from .checkpoint import CheckpointRef, complete_checkpoints, read_commit
 from .config import Config
 from .export import ExportTarget
 from .logs import LOGGER_NAME, kv
-from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials
+from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials, workspace
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable names
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
@@ -65,6 +66,8 @@ class TrackingTarget:
     artifact_root: str | None
     # The namespace's MLflow user (MLFLOW_TRACKING_USERNAME/PASSWORD); None: a server without auth.
     auth: tuple[str, str] | None = None
+    # The namespace's MLflow workspace (MLFLOW_WORKSPACE), where its experiments are; None: the server's default.
+    workspace: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> TrackingTarget | None:
@@ -74,7 +77,11 @@ class TrackingTarget:
             return None
         root = env.get(ARTIFACT_ROOT_ENV, "").strip().rstrip("/") or None
         return cls(uri=uri, experiment=env.get(EXPERIMENT_ENV, "").strip() or DEFAULT_EXPERIMENT, artifact_root=root,
-                   auth=credentials(env))
+                   auth=credentials(env), workspace=workspace(env))
+
+    def client(self, timeout_s: float = 5.0) -> MlflowClient:
+        """A client for this server that sends the target's user and workspace with every request."""
+        return MlflowClient(self.uri, timeout_s=timeout_s, auth=self.auth, workspace=self.workspace)
 
     @property
     def artifact_location(self) -> str | None:
@@ -88,7 +95,7 @@ class Tracker:
                  flush_s: float = 5.0, retry_s: float = 60.0, s3: Any = None) -> None:
         self.target = target
         self.cfg = cfg
-        self.client = client if client is not None else MlflowClient(target.uri, auth=target.auth)
+        self.client = client if client is not None else target.client()
         self.flush_s = flush_s
         self.retry_s = retry_s
         self.s3 = s3

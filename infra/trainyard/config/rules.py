@@ -540,6 +540,12 @@ def _tracking(s: Settings) -> Iterator[Problem]:
     if s.environment == "prod" and mlflow.database.multi_az is False:
         yield Problem(f"{at}.multiAz", "prod's tracking database keeps a standby in a second zone: must be true "
                                        "(or unset)")
+    for i, tenant in enumerate(s.tenants):  # each is an MLflow user and workspace of its name (names.py)
+        if tenant.name in names.MLFLOW_RESERVED_NAMES or len(tenant.name) < names.MLFLOW_MIN_NAME:
+            yield Problem(f"tenants[{i}].name", f"{tenant.name!r} names the tenant's MLflow user and workspace, and "
+                                                f"MLflow keeps {_allowed(names.MLFLOW_RESERVED_NAMES)} and names "
+                                                f"under {names.MLFLOW_MIN_NAME} characters for itself: choose "
+                                                "another while addons.mlflow is on")
 
 
 # Minutes an admission check may take after its wait, per diagLevel: twice NVIDIA's run times for levels 1-3

@@ -136,8 +136,10 @@ def server_args(*, artifact_bucket: str | None, workers: int = 2) -> list[str]:
     from the environment (MLFLOW_BACKEND_STORE_URI is the --backend-store-uri option's envvar)."""
     args = ["server", "--host", "0.0.0.0", "--port", str(PORT), "--workers", str(workers),
             "--allowed-hosts", ALLOWED_HOSTS,
-            # Users and permissions (mlflow/cli/__init__.py --app-name; platform/mlflow_auth.py).
-            "--app-name", "basic-auth"]
+            # Users and permissions, one workspace per tenant (mlflow/cli/__init__.py --app-name,
+            # --enable-workspaces; the workspace store is the tracking store: resolve_workspace_store_uri,
+            # mlflow/utils/workspace_utils.py; platform/mlflow_auth.py).
+            "--app-name", "basic-auth", "--enable-workspaces"]
     if artifact_bucket is None:
         return [*args, "--serve-artifacts", "--artifacts-destination", LOCAL_ARTIFACTS]
     return [*args, "--no-serve-artifacts",
@@ -487,11 +489,16 @@ class Mlflow(pulumi.ComponentResource):
             pulumi.Output.all(**passwords).apply(
                 lambda known: auth.users_digest({user: password or "" for user, password in known.items()})))}
         job_meta: Any = {**meta, "annotations": auth.CHECKOV_SKIPS}
+        needs = [*server, users_secret, account, script]
         k8s.batch.v1.Job(
             f"{name}-users-job", metadata=job_meta, spec=spec,
             opts=pulumi.ResourceOptions.merge(
-                k8s_options(cluster, self, [*server, users_secret, account, script]),
+                k8s_options(cluster, self, needs),
                 pulumi.ResourceOptions(replace_on_changes=["spec"], delete_before_replace=True)))
+        # And again every few minutes: what a member changed (its password) or another tenant granted goes back.
+        restore: Any = auth.users_restore_spec(IMAGE, _restricted())
+        k8s.batch.v1.CronJob(f"{name}-users-restore", metadata=job_meta, spec=restore,
+                             opts=k8s_options(cluster, self, needs))
 
     def _policies(self, name: str, args: MlflowArgs, namespace: pulumi.Resource) -> pulumi.Resource:
         cluster, kind = args.cluster, args.network_policy

@@ -1,29 +1,42 @@
-"""MLflow's basic-auth app: who may read and change which experiments, runs and registered models.
+"""MLflow's basic-auth app and workspaces: each tenant reads and writes only its own experiments, runs and models.
 
-The server runs `mlflow server --app-name basic-auth` (mlflow/server/auth/__init__.py @ 3.17.2) with every resource
-closed by default (`default_permission = NO_PERMISSIONS`): a user reads and changes only what it created (the app
-grants the creator MANAGE on an experiment or registered model: set_can_manage_experiment_permission,
-set_can_manage_registered_model_permission) or what an admin granted it, and the searches return only those
-(filter_search_experiments, filter_search_registered_models, filter_experiment_ids for runs). Each tenant is one
-user, named as the tenant, whose generated password is in the `mlflow-client` Secret of its namespace with the
-server's URI: its pods (the trainer, the pipeline's gate and register steps) take them as MLFLOW_TRACKING_USERNAME
-and MLFLOW_TRACKING_PASSWORD, MLflow's own names. The admin's password is generated too and never leaves the MLflow
-namespace; the app creates the admin when its user store is empty, and ignores the password after that (its
+The server runs `mlflow server --app-name basic-auth --enable-workspaces` (mlflow/server/auth/__init__.py,
+mlflow/cli/__init__.py @ 3.17.2) with every resource closed by default (`default_permission = NO_PERMISSIONS`,
+`grant_default_workspace_access = false`). Each tenant is one user and one workspace, both named as the tenant; the
+user is a member of its own workspace only, through the workspace's `user` role (USE on the whole workspace: read
+what is in it and create there; MLflow seeds it into every new workspace, _DEFAULT_WORKSPACE_ROLES). Names are
+unique per workspace, not per server (experiments: uq_experiments_workspace_name, mlflow/store/tracking/dbmodels/
+models.py; registered models: registered_model_pk on (workspace, name), mlflow/store/model_registry/dbmodels/
+models.py), so another tenant can neither take nor share a name in this tenant's space: it may not create in a
+workspace it is not a member of (_can_create_in_workspace), and what it makes in its own stays there.
+
+A request names its workspace in the X-MLFLOW-WORKSPACE header (mlflow/server/workspace_helpers.py
+workspace_before_request_handler; mlflow/utils/workspace_utils.py WORKSPACE_HEADER_NAME); without one it is in the
+`default` workspace, where no tenant is a member. The tenant's `mlflow-client` Secret gives its pods the server's
+URI, the user, its generated password and the workspace as MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME,
+MLFLOW_TRACKING_PASSWORD and MLFLOW_WORKSPACE, MLflow's own client variables (mlflow/environment_variables.py; its
+client sends MLFLOW_WORKSPACE as the header: mlflow/utils/rest_utils.py), which the trainer and the pipeline's
+steps send too (trainyard_train/mlflow_rest.py). The admin's password is generated and never leaves the MLflow
+namespace; the app creates the admin when its user store is empty and ignores the password after that (its
 basic_auth.ini), so the password is protected like the database.
 
-The users are made by a Job after the server is up, which logs in as the admin and creates each user or resets its
-password (platform/mlflow/mlflow-users.py, idempotent; a new set of users or passwords is a new Job).
+The users Job, after the server is up, logs in as the admin and makes each tenant's user (or resets its password),
+its workspace and its membership, and removes the user's roles in another tenant's workspace (platform/mlflow/
+mlflow-users.py, idempotent). It runs again whenever a user or password changes, and every RESTORE_SCHEDULE as a
+CronJob: a member knows the password (the Secret) and may change it (update_user_password needs only the current
+one), which would lock the tenant's jobs out; the CronJob puts the platform's password back within minutes.
 
-The user store is the tracking database's PostgreSQL, in a schema of its own (`mlflow_auth`, the search path of its
-URI), so it lives as long as the runs do (RDS outside the cluster, or the protected CloudNativePG cluster) and its
-migrations (table `alembic_version_auth`) never meet the tracking store's. The migration Job creates the schema and
-upgrades both stores before the server rolls.
+The stores are the tracking database's PostgreSQL: workspaces are tables of the tracking store (migration
+1b5f0d9ad7c1_add_workspace_columns_and_catalog of `mlflow db upgrade`), users, roles and grants of the auth store,
+in a schema of its own (`mlflow_auth`, the search path of its URI; migration 2ed73881770d_workspace_permissions), so
+they live as long as the runs do (RDS outside the cluster, or the protected CloudNativePG cluster) and the two
+stores' migrations (`alembic_version`, `alembic_version_auth`) never meet. The migration Job upgrades both before
+the server rolls.
 
-What stays open: experiment and registered-model names are one namespace for the whole server, so a name another
-tenant took is refused (the trainer's experiments are `<namespace>/<job>`, the pipeline's models
-`<namespace>.<job>`, so only names a tenant picks itself can clash), and the list of user names is readable by every
-user (validate_can_list_users). `/metrics` answers admins only (a route without a validator fails closed:
-MLFLOW_BASIC_AUTH_FAIL_CLOSED), and the platform does not give Prometheus the admin's password: nothing scrapes it.
+What stays open: the list of user names is readable by every user (validate_can_list_users). `/metrics` answers
+admins only (a route without a validator fails closed: MLFLOW_BASIC_AUTH_FAIL_CLOSED), and the platform does not
+give Prometheus the admin's password: nothing scrapes it. Experiments and models made before workspaces (in
+`default`) stay the admin's (README, "MLflow per tenant").
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import pulumi
 
 from trainyard import names
 
-ADMIN_USERNAME = "admin"
+ADMIN_USERNAME = names.MLFLOW_ADMIN_USERNAME
 SCHEMA = "mlflow_auth"
 AUTH_SECRET = "mlflow-auth"
 CONFIG_KEY = "basic_auth.ini"
@@ -52,6 +65,7 @@ USERS_ACCOUNT = "mlflow-users"
 USERS_COMPONENT = "users"
 USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"  # MLflow's client variables (mlflow/environment_variables.py @ 3.17.2)
 PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+WORKSPACE_ENV = "MLFLOW_WORKSPACE"  # the client's workspace (mlflow/environment_variables.py @ 3.17.2)
 # MLflow's own: the config file's path, and the admin's first password (mlflow/server/auth/config.py @ 3.17.2).
 CONFIG_PATH_ENV = "MLFLOW_AUTH_CONFIG_PATH"
 ADMIN_PASSWORD_ENV = "MLFLOW_AUTH_ADMIN_PASSWORD"
@@ -63,6 +77,8 @@ ATTEMPTS, DELAY_SECONDS = 20, 10
 # Within pulumi-kubernetes' default await of a Job (10 minutes: provider/pkg/await/job.go DefaultJobTimeoutMins).
 DEADLINE_SECONDS = ATTEMPTS * (DELAY_SECONDS + 10) + 60
 ADMIN_DIR = "/etc/mlflow-admin"
+# How often the CronJob puts the users, passwords and memberships back (cron syntax: Kubernetes docs, CronJob).
+RESTORE_SCHEDULE = "*/10 * * * *"
 # Why the users Job does not pass these Checkov checks (checkov.io/skip<N>, tests/review).
 CHECKOV_SKIPS = {
     "checkov.io/skip1": "CKV_K8S_43=the server's image, pinned by tag from release data (unverified.yaml): no digest "
@@ -79,12 +95,14 @@ def schema_uri(uri: str) -> str:
 
 
 def auth_config(database_uri: str) -> str:
-    """basic_auth.ini (mlflow/server/auth/basic_auth.ini @ 3.17.2): nothing open by default."""
+    """basic_auth.ini (mlflow/server/auth/basic_auth.ini @ 3.17.2): nothing open by default, in any workspace."""
     return "\n".join([
         "[mlflow]",
         "default_permission = NO_PERMISSIONS",
         f"database_uri = {database_uri.replace('%', '%%')}",  # configparser interpolation takes %% as %
         f"admin_username = {ADMIN_USERNAME}",
+        # No tenant is a member of the `default` workspace, where requests without a workspace land (config.py).
+        "grant_default_workspace_access = false",
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
         "",
     ])
@@ -92,11 +110,11 @@ def auth_config(database_uri: str) -> str:
 
 def client_data(tenant: str, password: pulumi.Input[str],
                 artifact_root: pulumi.Input[str] | None) -> dict[str, pulumi.Input[str]]:
-    """The `mlflow-client` Secret of a tenant's namespace: the server, the tenant's user, and on AWS the S3 prefix its
-    experiments keep their artifacts under (on `local` the server's proxy places them by experiment id, which the
-    auth app checks per experiment)."""
+    """The `mlflow-client` Secret of a tenant's namespace: the server, the tenant's user and workspace, and on AWS
+    the S3 prefix its experiments keep their artifacts under (on `local` the server's proxy places them by workspace
+    and experiment id, which the auth app checks per experiment)."""
     data: dict[str, pulumi.Input[str]] = {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, USERNAME_ENV: tenant,
-                                          PASSWORD_ENV: password}
+                                          PASSWORD_ENV: password, WORKSPACE_ENV: tenant}
     if artifact_root is not None:
         data["TRAINYARD_MLFLOW_ARTIFACT_ROOT"] = artifact_root
     return data
@@ -146,4 +164,17 @@ def users_job_spec(image: str, restricted: dict[str, Any]) -> dict[str, Any]:
                                 {"key": ADMIN_PASSWORD_KEY, "path": ADMIN_PASSWORD_KEY}]}}],
             },
         },
+    }
+
+
+def users_restore_spec(image: str, restricted: dict[str, Any]) -> dict[str, Any]:
+    """The CronJob that runs the users Job's pod every RESTORE_SCHEDULE; one at a time, and a run it missed is
+    skipped (the next comes soon)."""
+    return {
+        "schedule": RESTORE_SCHEDULE,
+        "concurrencyPolicy": "Forbid",
+        "startingDeadlineSeconds": 300,
+        "successfulJobsHistoryLimit": 1,
+        "failedJobsHistoryLimit": 3,
+        "jobTemplate": {"spec": users_job_spec(image, restricted)},
     }
