@@ -38,6 +38,7 @@ WORKSPACES = "/api/3.0/mlflow/workspaces"
 ROLES = "/api/3.0/mlflow/roles"
 USER_ROLES = "/api/3.0/mlflow/users/roles/list"
 MEMBER_ROLE = "user"
+EXISTS, MISSING = "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST"  # mlflow/protos/databricks.proto
 MEMBER_GRANT = {"resource_type": "workspace", "resource_pattern": "*", "permission": "USE"}
 
 
@@ -46,6 +47,14 @@ class RefusedError(Exception):
         super().__init__(f"HTTP {status}: {body[:300]}")
         self.status = status
         self.body = body
+
+    @property
+    def code(self) -> str:
+        """MLflow's error_code, when the body is MLflow's JSON error."""
+        try:
+            return str(json.loads(self.body).get("error_code", ""))
+        except (ValueError, AttributeError):
+            return ""
 
 
 class Admin:
@@ -68,11 +77,22 @@ class Admin:
         answer: dict[str, Any] = json.loads(raw) if raw else {}
         return answer
 
+    def done_unless(self, code: str, method: str, path: str, body: dict[str, Any]) -> bool:
+        """The call; False when the server answers `code` instead: the Job and the CronJob may run at once, and
+        whichever is second finds the other's work done."""
+        try:
+            self.call(method, path, body)
+        except RefusedError as exc:
+            if exc.code == code:
+                return False
+            raise
+        return True
+
     def exists(self, username: str) -> bool:
         try:
             self.call("GET", f"{USERS}/get", query={"username": username})
         except RefusedError as exc:
-            if exc.status == 404 or "RESOURCE_DOES_NOT_EXIST" in exc.body:
+            if exc.status == 404 or exc.code == MISSING:
                 return False
             raise
         return True
@@ -80,35 +100,36 @@ class Admin:
     def ensure(self, username: str, password: str, others: set[str]) -> str:
         """The user, its workspace and its membership (none in the workspaces of `others`); what was done, in
         words."""
-        if self.exists(username):
-            self.call("PATCH", f"{USERS}/update-password", {"username": username, "password": password})
-            done = ["updated"]
-        else:
-            self.call("POST", f"{USERS}/create", {"username": username, "password": password})
+        login = {"username": username, "password": password}
+        if not self.exists(username) and self.done_unless(EXISTS, "POST", f"{USERS}/create", login):
             done = ["created"]
+        else:
+            self.call("PATCH", f"{USERS}/update-password", login)
+            done = ["updated"]
         done.append(self.ensure_workspace(username))
         done.extend(self.ensure_member(username, self.member_role(username), others))
         return ", ".join(done)
 
     def ensure_workspace(self, name: str) -> str:
-        try:
-            self.call("POST", WORKSPACES, {"name": name})
-        except RefusedError as exc:
-            if "RESOURCE_ALREADY_EXISTS" in exc.body:
-                return f"workspace {name} kept"
-            raise
-        return f"workspace {name} created"
+        made = self.done_unless(EXISTS, "POST", WORKSPACES, {"name": name})
+        return f"workspace {name} {'created' if made else 'kept'}"
 
     def member_role(self, workspace: str) -> int:
         """The workspace's `user` role, with its grant (made here when the server did not seed it)."""
-        roles = self.call("GET", f"{ROLES}/list", query={"workspace": workspace}).get("roles", [])
-        role = next((r for r in roles if r["name"] == MEMBER_ROLE and r["workspace"] == workspace), None)
+        role = self.role(workspace)
         if role is None:
-            role = self.call("POST", f"{ROLES}/create", {"name": MEMBER_ROLE, "workspace": workspace})["role"]
+            self.done_unless(EXISTS, "POST", f"{ROLES}/create", {"name": MEMBER_ROLE, "workspace": workspace})
+            role = self.role(workspace)
+        if role is None:
+            raise RefusedError(404, f"role {MEMBER_ROLE!r} of workspace {workspace!r}: created, but not listed")
         grants = [{k: p[k] for k in MEMBER_GRANT} for p in role.get("permissions", [])]
         if MEMBER_GRANT not in grants:
-            self.call("POST", f"{ROLES}/permissions/add", {"role_id": role["id"], **MEMBER_GRANT})
+            self.done_unless(EXISTS, "POST", f"{ROLES}/permissions/add", {"role_id": role["id"], **MEMBER_GRANT})
         return int(role["id"])
+
+    def role(self, workspace: str) -> dict[str, Any] | None:
+        roles = self.call("GET", f"{ROLES}/list", query={"workspace": workspace}).get("roles", [])
+        return next((r for r in roles if r["name"] == MEMBER_ROLE and r["workspace"] == workspace), None)
 
     def ensure_member(self, username: str, role_id: int, others: set[str]) -> list[str]:
         """`username` holds `role_id` and no role in the workspaces of `others`."""
@@ -116,10 +137,10 @@ class Admin:
         done = []
         for role in held:
             if role["workspace"] in others:
-                self.call("DELETE", f"{ROLES}/unassign", {"username": username, "role_id": role["id"]})
+                self.done_unless(MISSING, "DELETE", f"{ROLES}/unassign", {"username": username, "role_id": role["id"]})
                 done.append(f"left {role['workspace']}")
         if all(int(role["id"]) != role_id for role in held):
-            self.call("POST", f"{ROLES}/assign", {"username": username, "role_id": role_id})
+            self.done_unless(EXISTS, "POST", f"{ROLES}/assign", {"username": username, "role_id": role_id})
             done.append("member")
         return done
 
