@@ -8,7 +8,9 @@ the user and holding its password. For each, all of it idempotent (REST paths: m
 the workspace routes of mlflow/protos/service.proto @ 3.17.2; the admin passes every validator):
 - the user: create it, or set its password to the file's (an admin's update needs no current password:
   mlflow/server/auth/__init__.py update_user_password), so a password a member changed or a rotated one is put back;
-- its workspace, named as the user: create it when missing (only an admin may: validate_can_create_workspace);
+- its workspace, named as the user: create it when missing (only an admin may: validate_can_create_workspace),
+  with the artifact root the file of the same name in ROOTS_DIR holds, if any (AWS: the tenant's S3 prefix), as its
+  default_artifact_root, which is set again when it differs (PATCH workspaces/<name>);
 - its membership: the workspace's `user` role (USE on ("workspace", "*"), which MLflow seeds into a new workspace:
   _DEFAULT_WORKSPACE_ROLES; made here when missing), assigned to the user, and every role the user holds in another
   user's workspace unassigned (a grant another tenant made it: users/permissions/grant writes a role in the
@@ -17,7 +19,8 @@ the workspace routes of mlflow/protos/service.proto @ 3.17.2; the admin passes e
 Users it was not given are left alone.
 
 Exit 0 when every user is in place; 1 with the reason otherwise. The server may still be starting: /health is tried
-ATTEMPTS times, DELAY_SECONDS apart.
+ATTEMPTS times, DELAY_SECONDS apart; a request that gets no answer within a minute (a busy server) is tried twice
+more, DELAY_SECONDS apart.
 """
 
 from __future__ import annotations
@@ -58,22 +61,31 @@ class RefusedError(Exception):
 
 
 class Admin:
-    def __init__(self, base: str, username: str, password: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, base: str, username: str, password: str, timeout_s: float = 60.0, attempts: int = 3,
+                 delay_s: float = 10.0) -> None:
         self.base = base.rstrip("/")
         token = base64.b64encode(f"{username}:{password}".encode()).decode()
         self.headers = {"Authorization": f"Basic {token}", "Content-Type": "application/json"}
-        self.timeout_s = timeout_s
+        self.timeout_s, self.attempts, self.delay_s = timeout_s, attempts, delay_s
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None,
              query: dict[str, str] | None = None) -> dict[str, Any]:
+        """One request, tried again when it gets no answer: every call here is idempotent (done_unless)."""
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers=self.headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - the server's URI
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raise RefusedError(exc.code, exc.read().decode(errors="replace")) from None
+        for attempt in range(1, self.attempts + 1):
+            request = urllib.request.Request(url, data=data, method=method, headers=self.headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - its URI
+                    raw = response.read()
+                break
+            except urllib.error.HTTPError as exc:
+                raise RefusedError(exc.code, exc.read().decode(errors="replace")) from None
+            except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
+                if attempt == self.attempts:
+                    raise
+                print(f"{method} {path}: {exc}; again ({attempt}/{self.attempts})", flush=True)
+                time.sleep(self.delay_s)
         answer: dict[str, Any] = json.loads(raw) if raw else {}
         return answer
 
@@ -97,22 +109,28 @@ class Admin:
             raise
         return True
 
-    def ensure(self, username: str, password: str, others: set[str]) -> str:
-        """The user, its workspace and its membership (none in the workspaces of `others`); what was done, in
-        words."""
+    def ensure(self, username: str, password: str, root: str | None, others: set[str]) -> str:
+        """The user, its workspace (with `root`) and its membership (none in the workspaces of `others`); what was
+        done, in words."""
         login = {"username": username, "password": password}
         if not self.exists(username) and self.done_unless(EXISTS, "POST", f"{USERS}/create", login):
             done = ["created"]
         else:
             self.call("PATCH", f"{USERS}/update-password", login)
             done = ["updated"]
-        done.append(self.ensure_workspace(username))
+        done.append(self.ensure_workspace(username, root))
         done.extend(self.ensure_member(username, self.member_role(username), others))
         return ", ".join(done)
 
-    def ensure_workspace(self, name: str) -> str:
-        made = self.done_unless(EXISTS, "POST", WORKSPACES, {"name": name})
-        return f"workspace {name} {'created' if made else 'kept'}"
+    def ensure_workspace(self, name: str, root: str | None) -> str:
+        wanted = {"default_artifact_root": root} if root else {}
+        if self.done_unless(EXISTS, "POST", WORKSPACES, {"name": name, **wanted}):
+            return f"workspace {name} created"
+        found = self.call("GET", f"{WORKSPACES}/{name}").get("workspace", {})
+        if root and found.get("default_artifact_root") != root:
+            self.call("PATCH", f"{WORKSPACES}/{name}", wanted)
+            return f"workspace {name} root set"
+        return f"workspace {name} kept"
 
     def member_role(self, workspace: str) -> int:
         """The workspace's `user` role, with its grant (made here when the server did not seed it)."""
@@ -157,10 +175,15 @@ def wait_for(base: str, attempts: int, delay_s: float) -> None:
     raise SystemExit(f"{base}: /health did not answer after {attempts} attempts")
 
 
+def files(folder: Path) -> dict[str, str]:
+    """Each regular file by name, its text stripped; a Secret or ConfigMap volume adds `..data` links and
+    dot-folders, skipped."""
+    return {p.name: p.read_text().strip() for p in sorted(folder.iterdir())
+            if not p.name.startswith(".") and p.is_file()}
+
+
 def users(folder: Path) -> dict[str, str]:
-    """Each regular file a user; Kubernetes' Secret volume adds `..data` links and dot-folders, skipped."""
-    found = {p.name: p.read_text().strip() for p in sorted(folder.iterdir())
-             if not p.name.startswith(".") and p.is_file()}
+    found = files(folder)
     empty = sorted(name for name, password in found.items() if not password)
     if empty:
         raise SystemExit(f"{folder}: empty password for {', '.join(empty)}")
@@ -174,12 +197,16 @@ def main(env: dict[str, str]) -> int:
     except KeyError as exc:
         print(f"{exc.args[0]}: not set", file=sys.stderr)
         return 1
-    admin = Admin(base, env.get("MLFLOW_TRACKING_USERNAME", "admin"), admin_file.read_text().strip())
-    wait_for(base, int(env.get("ATTEMPTS", "30")), float(env.get("DELAY_SECONDS", "10")))
+    attempts, delay_s = int(env.get("ATTEMPTS", "30")), float(env.get("DELAY_SECONDS", "10"))
+    admin = Admin(base, env.get("MLFLOW_TRACKING_USERNAME", "admin"), admin_file.read_text().strip(),
+                  delay_s=delay_s)
+    wait_for(base, attempts, delay_s)
     try:
         given = users(folder)
+        roots = files(Path(env["ROOTS_DIR"])) if env.get("ROOTS_DIR") else {}
         for username, password in given.items():
-            print(f"{username}: {admin.ensure(username, password, set(given) - {username})}", flush=True)
+            done = admin.ensure(username, password, roots.get(username) or None, set(given) - {username})
+            print(f"{username}: {done}", flush=True)
     except RefusedError as exc:
         print(f"the server refused: {exc}", file=sys.stderr)
         return 1

@@ -1,11 +1,11 @@
 """The MLflow Tracking Server (platform/mlflow.py) as each stack renders it.
 
-What tenants rely on: every tenant namespace holds the server, its own MLflow user and workspace and (AWS) its
-artifact root; the server runs the basic-auth app with one workspace per tenant and nothing open by default, and a
-Job makes the users once it is up (a CronJob puts them back); only tenants (and those jobs) reach the server; on AWS
-the server only reads artifacts and its default root is a prefix no tenant's role writes; the schema is migrated
-before the server rolls; the database is RDS on AWS and a CloudNativePG cluster, after its operator, on `local`.
-Expectations come from each stack's settings, never from the sample stacks.
+What tenants rely on: every tenant namespace holds the server and its own MLflow user and workspace, whose artifact
+root (AWS) is its prefix; the server runs the basic-auth app with one workspace per tenant and nothing open by
+default, and a Job makes the users once it is up (a CronJob puts them back); only tenants (and those jobs) reach the
+server; on AWS the server only reads artifacts and its default root is a prefix no tenant's role writes; the schema
+is migrated before the server rolls; the database is RDS on AWS and a CloudNativePG cluster, after its operator, on
+`local`. Expectations come from each stack's settings, never from the sample stacks.
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ def _checkpoint_bucket(stack: Stack) -> str | None:
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
-def test_every_tenant_is_told_the_server_its_own_user_workspace_and_artifact_root(stack: Stack) -> None:
-    bucket = _checkpoint_bucket(stack)
+def test_every_tenant_is_told_the_server_its_own_user_and_workspace(stack: Stack) -> None:
     secrets = {manifest_of(r)["metadata"]["namespace"]: r for r in _records(stack, "Secret")
                if manifest_of(r)["metadata"]["name"] == names.MLFLOW_CLIENT_CONFIG}
     assert sorted(secrets) == _tenant_namespaces(stack)
@@ -103,8 +102,7 @@ def test_every_tenant_is_told_the_server_its_own_user_workspace_and_artifact_roo
     passwords = set()
     for namespace, record in secrets.items():
         # A Secret's data shows only as [secret] in the plan: what it holds is what client_data gives it.
-        expected = mlflow_auth.client_data(tenants[namespace], "<password>", f"s3://{bucket}/{namespace}/"
-                                           f"{names.MLFLOW_ARTIFACT_DIR}" if bucket else None)
+        expected = mlflow_auth.client_data(tenants[namespace], "<password>")
         assert expected["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI
         assert expected[mlflow_auth.USERNAME_ENV] == expected[mlflow_auth.WORKSPACE_ENV] == tenants[namespace]
         assert manifest_of(record)["stringData"] == dict.fromkeys(expected, "[secret]")
@@ -180,9 +178,15 @@ def test_the_users_are_made_after_the_server_answers(stack: Stack) -> None:
     assert volumes["users"]["secret"]["secretName"] == mlflow_auth.USERS_SECRET
     users = manifest_of(_one(stack, "Secret", mlflow_auth.USERS_SECRET))["stringData"]
     assert sorted(users) == sorted(t.name for t in _settings(stack).tenants)
+    # On AWS each tenant's workspace keeps its artifacts in the tenant's prefix, which its pod identity writes.
+    assert volumes["roots"]["configMap"]["name"] == mlflow_auth.ROOTS_CONFIG
+    roots = manifest_of(_one(stack, "ConfigMap", mlflow_auth.ROOTS_CONFIG)).get("data") or {}
+    bucket = _checkpoint_bucket(stack)
+    assert roots == ({t.name: f"s3://{bucket}/{t.namespace_name}/{names.MLFLOW_ARTIFACT_DIR}"
+                      for t in _settings(stack).tenants} if bucket else {})
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MLFLOW_TRACKING_URI"] == names.MLFLOW_TRACKING_URI and env["USERS_DIR"] == mlflow_auth.USERS_DIR
-    assert env["ADMIN_PASSWORD_FILE"].startswith(mlflow_auth.ADMIN_DIR)
+    assert env["ADMIN_PASSWORD_FILE"].startswith(mlflow_auth.ADMIN_DIR) and env["ROOTS_DIR"] == mlflow_auth.ROOTS_DIR
     assert manifest["spec"]["activeDeadlineSeconds"] < 600  # inside pulumi-kubernetes' default Job await
 
 
@@ -195,6 +199,9 @@ def test_the_users_are_put_back_every_few_minutes(stack: Stack) -> None:
     spec = manifest_of(cron)["spec"]
     assert spec["schedule"] == mlflow_auth.RESTORE_SCHEDULE and spec["concurrencyPolicy"] == "Forbid"
     assert spec["jobTemplate"]["spec"]["template"]["spec"] == job["spec"]["template"]["spec"]
+    # A failed run alerts (KubeJobFailed) and then goes, so the alert clears once the server is back.
+    assert spec["failedJobsHistoryLimit"] == 1 and spec["jobTemplate"]["spec"]["ttlSecondsAfterFinished"] > 0
+    assert "ttlSecondsAfterFinished" not in job["spec"]  # the one Pulumi keeps
     assert spec["jobTemplate"]["spec"]["template"]["metadata"]["labels"] == USERS_LABELS  # the server admits it
     assert _one(stack, "Deployment", "mlflow").urn in cron.depends_on
 

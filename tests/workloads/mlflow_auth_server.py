@@ -1,7 +1,7 @@
 """A real MLflow Tracking Server with its basic-auth app and workspaces, as the platform runs it: `mlflow server`
 3.17.2 from .venv-mlflow (requirements-mlflow.txt; `make test` installs it, or $MLFLOW names the binary) with the
-command line platform/mlflow.py builds for `local` and the auth config platform/mlflow_auth.py writes, on SQLite
-files under a temporary folder instead of PostgreSQL."""
+command line platform/mlflow.py builds for `local` (or an AWS stack) and the auth config platform/mlflow_auth.py
+writes, on SQLite files under a temporary folder instead of PostgreSQL."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from trainyard.platform.mlflow import FLASK_SECRET_KEY, server_args
 from trainyard_train.mlflow_rest import WORKSPACE_HEADER
 
 ADMIN_PASSWORD = "admin0password0for0tests0only0123456789"
-STARTUP_S = 240.0  # uvicorn imports the whole of mlflow; on a loaded machine that takes a minute or more
+STARTUP_S = 600.0  # uvicorn imports the whole of mlflow; on a loaded machine that took 4 minutes
 
 
 def mlflow_binary() -> str:
@@ -65,14 +65,16 @@ class AuthServer:
 
 
 @contextmanager
-def auth_server(folder: Path) -> Iterator[AuthServer]:
+def auth_server(folder: Path, artifact_bucket: str | None = None) -> Iterator[AuthServer]:
+    """`local`'s command line, or with `artifact_bucket` the AWS stacks' (the server writes no artifacts there)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / mlflow_auth.CONFIG_KEY
     config.write_text(mlflow_auth.auth_config(f"sqlite:///{folder / 'auth.db'}"))
     port = free_port()
-    args = server_args(artifact_bucket=None, workers=1)
-    args = _option(_option(_option(args, "--host", "127.0.0.1"), "--port", str(port)),
-                   "--artifacts-destination", str(folder / "artifacts"))
+    args = _option(_option(server_args(artifact_bucket=artifact_bucket, workers=1), "--host", "127.0.0.1"),
+                   "--port", str(port))
+    if artifact_bucket is None:
+        args = _option(args, "--artifacts-destination", str(folder / "artifacts"))
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{folder / 'mlflow.db'}",
            FLASK_SECRET_KEY: "flask0secret0for0tests", mlflow_auth.CONFIG_PATH_ENV: str(config),
            mlflow_auth.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD, "MLFLOW_DISABLE_TELEMETRY": "true", "HOME": str(folder)}

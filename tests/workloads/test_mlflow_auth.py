@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from mlflow_auth_server import ADMIN_PASSWORD, AuthServer, auth_server
 from trainer_launch import TINY, launch
+from trainyard import names
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform import mlflow_auth
 from trainyard_train import register
@@ -35,24 +36,29 @@ PASSWORDS = {"research": "research0password0000000000000000000001",
              "vision": "vision0password00000000000000000000000002"}
 
 
-def make_users(server: AuthServer, passwords: dict[str, str], folder: Path,
-               admin_password: str = ADMIN_PASSWORD) -> subprocess.CompletedProcess[str]:
-    """Run the users Job's program as the Job does: the users Secret as files, the admin's password as a file."""
-    users = folder / "users"
-    users.mkdir(parents=True, exist_ok=True)
-    for old in users.iterdir():
-        old.unlink()
+def make_users(server: AuthServer, passwords: dict[str, str], folder: Path, admin_password: str = ADMIN_PASSWORD,
+               roots: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the users Job's program as the Job does: the users Secret and the workspace roots ConfigMap as files,
+    the admin's password as a file."""
+    users, root_files = folder / "users", folder / "roots"
+    for files in (users, root_files):
+        files.mkdir(parents=True, exist_ok=True)
+        for old in files.iterdir():
+            old.unlink()
     for user, password in passwords.items():
         (users / user).write_text(password)
+    for user, root in (roots or {}).items():
+        (root_files / user).write_text(root)
     (users / "..data").mkdir()  # what a Secret volume holds besides the keys
     admin = folder / mlflow_auth.ADMIN_PASSWORD_KEY
     admin.write_text(admin_password)
     env = {"PATH": os.environ["PATH"], "MLFLOW_TRACKING_URI": server.uri, "USERS_DIR": str(users),
+           "ROOTS_DIR": str(root_files),
            mlflow_auth.USERNAME_ENV: mlflow_auth.ADMIN_USERNAME, "ADMIN_PASSWORD_FILE": str(admin),
            "ATTEMPTS": "3", "DELAY_SECONDS": "1"}
     try:
         return subprocess.run([sys.executable, str(USERS_PROGRAM)], env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
+                              timeout=600, check=False)
     finally:
         (users / "..data").rmdir()
 
@@ -76,7 +82,7 @@ def client(server: AuthServer, user: str, password: str | None = None, workspace
 
 def tenant_env(server: AuthServer, user: str) -> dict[str, str]:
     """What the tenant's `mlflow-client` Secret gives its pods, with the test's server."""
-    env = {k: str(v) for k, v in mlflow_auth.client_data(user, PASSWORDS[user], None).items()}
+    env = {k: str(v) for k, v in mlflow_auth.client_data(user, PASSWORDS[user]).items()}
     return env | {"MLFLOW_TRACKING_URI": server.uri}  # the test's port, not the cluster's Service
 
 
@@ -85,13 +91,14 @@ def _step(tracker: Tracker, step: int) -> None:
                     "grad_bytes": 10, "samples": 16 * step})
 
 
-def tracked_run(server: AuthServer, tmp_path: Path, user: str, experiment: str) -> str:
-    """A tenant's trainer tracker, its target read from the environment its Secret gives its pods."""
+def tracked_run(server: AuthServer, tmp_path: Path, user: str, experiment: str, s3: Any = None) -> str:
+    """A tenant's trainer tracker, its target read from the environment its Secret gives its pods (`s3`: the
+    client its artifacts go to when they are in S3)."""
     target = TrackingTarget.from_env(tenant_env(server, user) | {"MLFLOW_EXPERIMENT_NAME": experiment})
     assert target is not None and target.auth == (user, PASSWORDS[user]) and target.workspace == user
     cfg = load_config(TINY, [f"run_dir={tmp_path}"])
     # The target's own credentials, with the tests' request timeout: the pods' 5 s is short for a loaded CI machine.
-    tracker = Tracker(target, cfg, client=target.client(timeout_s=30.0), flush_s=0.05, retry_s=0.5).start()
+    tracker = Tracker(target, cfg, client=target.client(timeout_s=30.0), flush_s=0.05, retry_s=0.5, s3=s3).start()
     for step in (1, 2, 3):
         _step(tracker, step)
     tracker.record({"event": "done", "time": time.time(), "step": 3, "samples": 48})
@@ -245,6 +252,41 @@ def test_another_tenant_can_neither_take_nor_share_a_tenants_names(server: AuthS
     again = make_users(server, PASSWORDS, tmp_path / "job")
     assert again.returncode == 0, again.stderr
     assert "research: updated, workspace research kept, left vision" in again.stdout.split("\n"), again.stdout
+
+
+class Bucket:
+    """The S3 client's one call the tracker makes (put_object), kept."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes) -> None:  # noqa: N803 - boto3's names
+        self.keys.append(f"s3://{Bucket}/{Key}")
+
+
+BUCKET = "trainyard-tests-checkpoints"
+
+
+@pytest.fixture(scope="module")
+def aws_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
+    """The AWS stacks' command line: no artifacts served, the default root a prefix no tenant writes."""
+    with auth_server(tmp_path_factory.mktemp("mlflow-auth-aws"), artifact_bucket=BUCKET) as running:
+        yield running
+
+
+def test_on_aws_a_tenants_artifacts_are_in_its_own_prefix(aws_server: AuthServer, tmp_path: Path) -> None:
+    """The workspace's root places them (MLflow refuses a client's artifact_location in a workspace)."""
+    roots = {user: f"s3://{BUCKET}/{user}/{names.MLFLOW_ARTIFACT_DIR}" for user in PASSWORDS}  # namespace = tenant
+    made = make_users(aws_server, PASSWORDS, tmp_path / "job", roots=roots)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "research: created, workspace research created, member" in made.stdout.split("\n"), made.stdout
+    bucket = Bucket()
+    run_id = tracked_run(aws_server, tmp_path / "run", "research", "research/aws", s3=bucket)
+    artifact_uri = client(aws_server, "research").get_run(run_id)["info"]["artifact_uri"]
+    assert artifact_uri.startswith(roots["research"] + "/"), artifact_uri
+    assert f"{artifact_uri}/config.yaml" in bucket.keys and all(k.startswith(roots["research"]) for k in bucket.keys)
+    again = make_users(aws_server, PASSWORDS, tmp_path / "job", roots=roots)
+    assert "research: updated, workspace research kept" in again.stdout.split("\n"), again.stdout + again.stderr
 
 
 def test_a_server_that_refuses_the_credentials_never_stops_training(server: AuthServer, tmp_path: Path) -> None:

@@ -62,6 +62,11 @@ def test_the_target_comes_from_the_environment() -> None:
     assert target.experiment == "trainyard"
     assert target.artifact_location == "s3://bucket/research/mlflow/trainyard"
     assert TrackingTarget.from_env({"MLFLOW_TRACKING_URI": "http://x"}).artifact_location is None  # type: ignore[union-attr]
+    # In a workspace the server places artifacts (its root) and refuses a location of the client's.
+    in_workspace = TrackingTarget.from_env({"MLFLOW_TRACKING_URI": "http://x", "MLFLOW_WORKSPACE": "research",
+                                            "TRAINYARD_MLFLOW_ARTIFACT_ROOT": "s3://bucket/research/mlflow/"})
+    assert in_workspace is not None and in_workspace.workspace == "research"
+    assert in_workspace.artifact_location is None
 
 
 def test_the_config_becomes_dotted_parameters() -> None:

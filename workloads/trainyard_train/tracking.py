@@ -8,11 +8,11 @@ as a reference artifact ``checkpoints/step-NNNNNNNN.json`` (where it is on the c
 marker), never the shards themselves: they stay where checkpoint.py and export.py put them.
 
 One run per job across restarts and resizes: its id is kept in ``run_dir/mlflow-run.json`` on the claim, so
-whichever pod is rank 0 next reopens it. The job's pods get the tracking URI, the namespace's MLflow user and
-workspace (every request carries both: mlflow_rest.py) and on AWS its artifact root from the ``mlflow-client``
-Secret; experiments are then created in that workspace with ``artifact_location=<root>/<experiment>``, the prefix
-the tenant's pod identity may write (the server does not write artifacts for tenants on AWS). Without a root
-(``local``) the server's proxy places them.
+whichever pod is rank 0 next reopens it. The job's pods get the tracking URI and the namespace's MLflow user and
+workspace from the ``mlflow-client`` Secret (every request carries both: mlflow_rest.py); experiments are created in
+that workspace, whose root (on AWS the tenant's S3 prefix, which its pod identity may write: the server does not
+write artifacts for tenants there) places their artifacts; on ``local`` the server's proxy does. Against a server
+without workspaces, ``TRAINYARD_MLFLOW_ARTIFACT_ROOT`` sets ``artifact_location=<root>/<experiment>``.
 
 Never in the way of training: the loop's events are queued (``record`` does no I/O) and a daemon thread sends
 them. A request is one attempt with a short timeout (mlflow_rest.py); when the server is unreachable the tracker
@@ -41,7 +41,7 @@ from .mlflow_rest import Metric, MlflowClient, MlflowError, credentials, workspa
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable names
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
-ARTIFACT_ROOT_ENV = "TRAINYARD_MLFLOW_ARTIFACT_ROOT"  # set per namespace by the mlflow-client Secret (AWS)
+ARTIFACT_ROOT_ENV = "TRAINYARD_MLFLOW_ARTIFACT_ROOT"  # a server without workspaces: where experiments put artifacts
 DEFAULT_EXPERIMENT = "trainyard"
 RUN_FILE = "mlflow-run.json"
 MAX_PENDING_METRICS = 50_000
@@ -85,7 +85,10 @@ class TrackingTarget:
 
     @property
     def artifact_location(self) -> str | None:
-        return f"{self.artifact_root}/{self.experiment}" if self.artifact_root else None
+        """Where a new experiment keeps its artifacts, on a server without workspaces; in a workspace its root
+        decides (MLflow refuses a location there: mlflow/store/tracking/sqlalchemy_workspace_store.py
+        create_experiment @ 3.17.2)."""
+        return f"{self.artifact_root}/{self.experiment}" if self.artifact_root and not self.workspace else None
 
 
 class Tracker:

@@ -13,7 +13,7 @@ chart standing in for code nobody here can read; its other subcharts are Bitnami
 
 On AWS the server never touches artifacts (`--no-serve-artifacts`) and holds no AWS role: clients read and write
 `s3://<checkpoint bucket>/<namespace>/mlflow/...` with their own pod identity, so IAM keeps each tenant in its prefix
-(an experiment's artifact location comes from the `mlflow-client` ConfigMap of its namespace). The default artifact
+(an experiment's artifact location is its workspace's root: platform/mlflow_auth.py). The default artifact
 root is a prefix no tenant may write, so an experiment created without a location fails its first upload instead of
 landing outside every tenant. On `local` (no S3) the server proxies artifacts onto a volume of its own.
 
@@ -126,8 +126,8 @@ class MlflowArgs:
 
 
 def artifact_root(bucket: pulumi.Input[str], namespace: str) -> pulumi.Output[str]:
-    """Where a tenant's experiments keep their artifacts on AWS (the `mlflow-client` Secret's
-    TRAINYARD_MLFLOW_ARTIFACT_ROOT): its S3 prefix, which its pod identity may write."""
+    """Where a tenant's experiments keep their artifacts on AWS (its workspace's default_artifact_root): its S3
+    prefix, which its pod identity may write."""
     return pulumi.Output.concat("s3://", bucket, f"/{namespace}/{names.MLFLOW_ARTIFACT_DIR}")
 
 
@@ -460,12 +460,14 @@ class Mlflow(pulumi.ComponentResource):
         cluster = args.cluster
         in_ns = k8s_options(cluster, self, [namespace])
         passwords: dict[str, pulumi.Output[str]] = {}
+        roots: dict[str, pulumi.Output[str]] = {}
         for tenant in sorted(args.tenants.values(), key=lambda t: t.name):
             password = random.RandomPassword(f"{name}-user-{tenant.name}", length=auth.PASSWORD_LENGTH,
                                              special=False, opts=pulumi.ResourceOptions(parent=self))
             passwords[tenant.name] = password.result
-            root = None if args.artifact_bucket is None else artifact_root(args.artifact_bucket, tenant.namespace)
-            data: Any = auth.client_data(tenant.name, pulumi.Output.secret(password.result), root)
+            if args.artifact_bucket is not None:
+                roots[tenant.name] = artifact_root(args.artifact_bucket, tenant.namespace)
+            data: Any = auth.client_data(tenant.name, pulumi.Output.secret(password.result))
             k8s.core.v1.Secret(
                 f"{name}-client-{tenant.name}",
                 metadata={"name": names.MLFLOW_CLIENT_CONFIG, "namespace": tenant.namespace,
@@ -483,13 +485,19 @@ class Mlflow(pulumi.ComponentResource):
         script = k8s.core.v1.ConfigMap(f"{name}-users-script", metadata=meta,
                                        data={auth.USERS_SCRIPT: USERS_SCRIPT.read_text(encoding="utf-8")},
                                        opts=in_ns)
+        roots_meta: Any = {**meta, "name": auth.ROOTS_CONFIG}
+        roots_data: Any = roots
+        roots_config = k8s.core.v1.ConfigMap(f"{name}-workspace-roots", metadata=roots_meta, data=roots_data,
+                                             opts=in_ns)
         spec: Any = auth.users_job_spec(IMAGE, _restricted())
-        # The users and passwords it makes (their digest): a change is a new Job, and so a new run.
+        # The users, passwords and roots it makes (their digest): a change is a new Job, and so a new run.
         spec["template"]["metadata"]["annotations"] = {"trainyard.io/users-sha256": pulumi.Output.unsecret(
-            pulumi.Output.all(**passwords).apply(
-                lambda known: auth.users_digest({user: password or "" for user, password in known.items()})))}
+            pulumi.Output.all(pulumi.Output.all(**passwords), pulumi.Output.all(**roots)).apply(
+                # Output.all of no values is an empty list, not a dict.
+                lambda known: auth.users_digest({user: password or "" for user, password in dict(known[0]).items()},
+                                                {user: root or "" for user, root in dict(known[1]).items()})))}
         job_meta: Any = {**meta, "annotations": auth.CHECKOV_SKIPS}
-        needs = [*server, users_secret, account, script]
+        needs = [*server, users_secret, account, script, roots_config]
         k8s.batch.v1.Job(
             f"{name}-users-job", metadata=job_meta, spec=spec,
             opts=pulumi.ResourceOptions.merge(

@@ -21,10 +21,14 @@ namespace; the app creates the admin when its user store is empty and ignores th
 basic_auth.ini), so the password is protected like the database.
 
 The users Job, after the server is up, logs in as the admin and makes each tenant's user (or resets its password),
-its workspace and its membership, and removes the user's roles in another tenant's workspace (platform/mlflow/
-mlflow-users.py, idempotent). It runs again whenever a user or password changes, and every RESTORE_SCHEDULE as a
+its workspace (on AWS with the tenant's S3 prefix as its default_artifact_root, so the server puts every experiment
+of the workspace at `s3://<bucket>/<namespace>/mlflow/<experiment id>`, which the tenant's pod identity writes) and
+its membership, and removes the user's roles in another tenant's workspace (platform/mlflow/mlflow-users.py,
+idempotent). It runs again whenever a user, password or root changes, and every RESTORE_SCHEDULE as a
 CronJob: a member knows the password (the Secret) and may change it (update_user_password needs only the current
-one), which would lock the tenant's jobs out; the CronJob puts the platform's password back within minutes.
+one), which would lock the tenant's jobs out; the CronJob puts the platform's password back within minutes. The two
+may run at once: whichever is second finds the other's work done; one that read the users Secret just before a
+rotation may set the old password again, until the next run.
 
 The stores are the tracking database's PostgreSQL: workspaces are tables of the tracking store (migration
 1b5f0d9ad7c1_add_workspace_columns_and_catalog of `mlflow db upgrade`), users, roles and grants of the auth store,
@@ -59,6 +63,9 @@ CONFIG_DIR = "/etc/mlflow-auth"
 # The users the Job makes: one file per user, named by it, holding its password (a Secret of the MLflow namespace).
 USERS_SECRET = "mlflow-users"
 USERS_DIR = "/etc/mlflow-users"
+# Each tenant's workspace artifact root on AWS: one file per user, named by it (a ConfigMap; empty on `local`).
+ROOTS_CONFIG = "mlflow-workspaces"
+ROOTS_DIR = "/etc/mlflow-workspaces"
 USERS_SCRIPT = "mlflow-users.py"
 USERS_SCRIPT_DIR = "/opt/mlflow-users"
 USERS_ACCOUNT = "mlflow-users"
@@ -108,22 +115,20 @@ def auth_config(database_uri: str) -> str:
     ])
 
 
-def client_data(tenant: str, password: pulumi.Input[str],
-                artifact_root: pulumi.Input[str] | None) -> dict[str, pulumi.Input[str]]:
-    """The `mlflow-client` Secret of a tenant's namespace: the server, the tenant's user and workspace, and on AWS
-    the S3 prefix its experiments keep their artifacts under (on `local` the server's proxy places them by workspace
-    and experiment id, which the auth app checks per experiment)."""
-    data: dict[str, pulumi.Input[str]] = {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, USERNAME_ENV: tenant,
-                                          PASSWORD_ENV: password, WORKSPACE_ENV: tenant}
-    if artifact_root is not None:
-        data["TRAINYARD_MLFLOW_ARTIFACT_ROOT"] = artifact_root
-    return data
+def client_data(tenant: str, password: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
+    """The `mlflow-client` Secret of a tenant's namespace: the server, the tenant's user and its workspace. Where
+    artifacts go is the workspace's (its default_artifact_root, set by the users Job on AWS: MLflow refuses a
+    client's artifact_location when workspaces are on, mlflow/store/tracking/sqlalchemy_workspace_store.py
+    create_experiment @ 3.17.2; on `local` the server's proxy places them by workspace and experiment id)."""
+    return {"MLFLOW_TRACKING_URI": names.MLFLOW_TRACKING_URI, USERNAME_ENV: tenant, PASSWORD_ENV: password,
+            WORKSPACE_ENV: tenant}
 
 
-def users_digest(passwords: Mapping[str, str]) -> str:
-    """Names the users Job's run: a change of user or password is a new Job, and so a new run."""
-    text = "\n".join(f"{user}:{hashlib.sha256(password.encode()).hexdigest()}"
-                     for user, password in sorted(passwords.items()))
+def users_digest(passwords: Mapping[str, str], roots: Mapping[str, str]) -> str:
+    """Names the users Job's run: a change of user, password or artifact root is a new Job, and so a new run."""
+    text = "\n".join([*(f"{user}:{hashlib.sha256(password.encode()).hexdigest()}"
+                        for user, password in sorted(passwords.items())),
+                      *(f"{user}@{root}" for user, root in sorted(roots.items()))])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -148,6 +153,7 @@ def users_job_spec(image: str, restricted: dict[str, Any]) -> dict[str, Any]:
                         {"name": USERNAME_ENV, "value": ADMIN_USERNAME},
                         {"name": "ADMIN_PASSWORD_FILE", "value": f"{ADMIN_DIR}/{ADMIN_PASSWORD_KEY}"},
                         {"name": "USERS_DIR", "value": USERS_DIR},
+                        {"name": "ROOTS_DIR", "value": ROOTS_DIR},
                         {"name": "ATTEMPTS", "value": str(ATTEMPTS)},
                         {"name": "DELAY_SECONDS", "value": str(DELAY_SECONDS)},
                     ],
@@ -156,10 +162,12 @@ def users_job_spec(image: str, restricted: dict[str, Any]) -> dict[str, Any]:
                     "securityContext": restricted,
                     "volumeMounts": [{"name": "script", "mountPath": USERS_SCRIPT_DIR, "readOnly": True},
                                      {"name": "users", "mountPath": USERS_DIR, "readOnly": True},
+                                     {"name": "roots", "mountPath": ROOTS_DIR, "readOnly": True},
                                      {"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True}],
                 }],
                 "volumes": [{"name": "script", "configMap": {"name": USERS_ACCOUNT, "defaultMode": 0o444}},
                             {"name": "users", "secret": {"secretName": USERS_SECRET, "defaultMode": 0o444}},
+                            {"name": "roots", "configMap": {"name": ROOTS_CONFIG, "defaultMode": 0o444}},
                             {"name": "admin", "secret": {"secretName": AUTH_SECRET, "defaultMode": 0o444, "items": [
                                 {"key": ADMIN_PASSWORD_KEY, "path": ADMIN_PASSWORD_KEY}]}}],
             },
@@ -175,6 +183,8 @@ def users_restore_spec(image: str, restricted: dict[str, Any]) -> dict[str, Any]
         "concurrencyPolicy": "Forbid",
         "startingDeadlineSeconds": 300,
         "successfulJobsHistoryLimit": 1,
-        "failedJobsHistoryLimit": 3,
-        "jobTemplate": {"spec": users_job_spec(image, restricted)},
+        # A failure stays (KubeJobFailed fires on it) until an hour after it ended, so the alert clears itself once
+        # the server is back (Kubernetes docs, "Automatic Cleanup for Finished Jobs").
+        "failedJobsHistoryLimit": 1,
+        "jobTemplate": {"spec": {**users_job_spec(image, restricted), "ttlSecondsAfterFinished": 3600}},
     }
