@@ -61,6 +61,9 @@ MLFLOW_NAMESPACE = "mlflow"
 MLFLOW_SERVICE = "mlflow"
 MLFLOW_PORT = 5000
 MLFLOW = ServiceAccountRef(MLFLOW_NAMESPACE, "mlflow")
+# `local`'s CloudNativePG cluster for MLflow: a namespace of its own, where no tenant has a Role (members may
+# port-forward to pods of the MLflow namespace, and a port-forward passes every network policy).
+MLFLOW_DATABASE_NAMESPACE = "mlflow-db"
 MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.local:{MLFLOW_PORT}"
 # Where a tenant's MLflow artifacts go, below its namespace prefix of the checkpoint bucket (the trainer role's).
 MLFLOW_ARTIFACT_DIR = "mlflow"

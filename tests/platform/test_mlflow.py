@@ -33,6 +33,7 @@ from trainyard.platform.mlflow import (
     AUTH_DATABASE_ENV,
     CNPG_OWNER_SECRET,
     CONFIG_DIGEST,
+    DATABASE_NAMESPACE,
     DATABASE_SECRET,
     DEFAULT_ARTIFACT_DIR,
     FLASK_SECRET_KEY,
@@ -322,7 +323,7 @@ def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> 
     assert manifest_of(_one(stack, "Secret", DATABASE_SECRET))["stringData"] == {"uri": "[secret]"}
     if not aws:
         # On `local` the owner's password is ours too, handed to CloudNativePG's initdb, and kept like the database.
-        owner = _one(stack, "Secret", CNPG_OWNER_SECRET)
+        owner = _one(stack, "Secret", CNPG_OWNER_SECRET, DATABASE_NAMESPACE)
         assert manifest_of(owner)["type"] == "kubernetes.io/basic-auth"
         assert manifest_of(owner)["stringData"] == {"username": "[secret]", "password": "[secret]"}
         by_urn = _recording(stack).by_urn()
@@ -332,7 +333,7 @@ def test_secrets_come_from_secrets_and_the_flask_key_is_stable(stack: Stack) -> 
 
 @pytest.mark.parametrize("stack", STACKS, ids=[s[0] for s in STACKS])
 def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: Stack) -> None:
-    clusters = _records(stack, "Cluster", names.MLFLOW_NAMESPACE)
+    clusters = _records(stack, "Cluster")
     if _settings(stack).target == "aws":
         assert clusters == []
         return
@@ -341,9 +342,10 @@ def test_local_database_is_a_cloudnative_pg_cluster_after_its_operator(stack: St
     assert spec["bootstrap"]["initdb"] == {"database": "mlflow", "owner": "mlflow",
                                            "secret": {"name": CNPG_OWNER_SECRET}}
     assert spec["storage"]["size"] == f"{_settings(stack).addons.mlflow.database.storage_gib}Gi"
-    # Its CRD and webhook come with the operator's release, which the namespace (and so the cluster) waits for.
+    # Its CRD and webhook come with the operator's release, which its namespace (and so the cluster) waits for.
     by_urn = _recording(stack).by_urn()
-    (namespace,) = [r for r in _records(stack, "Namespace") if manifest_of(r)["metadata"]["name"] == "mlflow"]
+    (namespace,) = [r for r in _records(stack, "Namespace")
+                    if manifest_of(r)["metadata"]["name"] == manifest_of(cluster)["metadata"]["namespace"]]
     releases = [by_urn[u] for u in namespace.depends_on if by_urn[u].type == "kubernetes:helm.sh/v3:Release"]
     assert "cloudnative-pg" in [r.inputs["chart"] for r in releases]
     assert namespace.urn in cluster.depends_on
@@ -359,7 +361,7 @@ def test_local_database_matches_the_operator_the_release_renders(stack: Stack) -
     it), and the operator that reconciles it runs on the system nodes, scraped when monitoring is on."""
     release = plan_stack(read_stack(*stack)).rendered.releases["cloudnative-pg"]
     (crd,) = [o for o in release.of_kind("CustomResourceDefinition") if o["spec"]["names"]["kind"] == "Cluster"]
-    (cluster,) = [manifest_of(r) for r in _records(stack, "Cluster", names.MLFLOW_NAMESPACE)]
+    (cluster,) = [manifest_of(r) for r in _records(stack, "Cluster", DATABASE_NAMESPACE)]
     group, version = cluster["apiVersion"].split("/")
     assert crd["spec"]["group"] == group
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]

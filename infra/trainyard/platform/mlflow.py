@@ -27,7 +27,12 @@ auth app checks per experiment.
 The database: RDS on AWS (cloud/database.py), a one-instance CloudNativePG cluster on `local` whose owner's password
 is generated here (bootstrap.initdb.secret); either way the URI, with the password, is in a Secret here, and the
 server's pods carry its digest, so a changed password rolls them. The schemas are migrated by a Job per MLflow
-version before the server rolls (`pulumi up` waits for it), so replicas never race each other's migrations.
+version and store before the server rolls (`pulumi up` waits for it), so replicas never race each other's migrations.
+The CloudNativePG cluster has a namespace of its own (`mlflow-db`): members may port-forward to the pods of this
+namespace (the UI), and a port-forward enters the pod past every network policy, so the database is where no tenant
+has a Role; that namespace takes connections from the server, the migration and the operator only, and is kept like
+the database (deleting a namespace deletes what it holds). On `local` the MLflow namespace holds the artifacts' volume,
+so it is kept too.
 """
 
 from __future__ import annotations
@@ -77,6 +82,14 @@ CNPG_OWNER_SECRET = "mlflow-db-owner"
 CNPG_PORT = 5432
 DATABASE_NAME = DATABASE_OWNER = "mlflow"
 CNPG_API_VERSION = "postgresql.cnpg.io/v1"
+DATABASE_NAMESPACE = names.MLFLOW_DATABASE_NAMESPACE
+# The operator reaches every instance on PostgreSQL's port and its instance manager's status port, and the
+# instances reach each other (cloudnative-pg v1.30.0 docs/src/networking.md, samples/networkpolicy-example.yaml: the
+# operator's pods by app.kubernetes.io/name, an instance's by cnpg.io/cluster, docs/src/labels_annotations.md).
+CNPG_STATUS_PORT = 8000
+CNPG_OPERATOR_LABELS = {"app.kubernetes.io/name": "cloudnative-pg"}
+CNPG_CLUSTER_LABEL = "cnpg.io/cluster"
+LOCAL_DATABASE_HOST = f"{CNPG_CLUSTER}-rw.{DATABASE_NAMESPACE}.svc"
 # Under every tenant's artifact prefixes, and one no tenant may write (their role writes `<namespace>/*` only).
 DEFAULT_ARTIFACT_DIR = "_unassigned"
 LOCAL_ARTIFACTS = "/mlartifacts"
@@ -84,6 +97,7 @@ ARTIFACT_CLAIM = "mlflow-artifacts"
 TMP = "/tmp"
 TMP_SIZE = "256Mi"
 MIGRATION_ACCOUNT = "mlflow-db-upgrade"
+MIGRATION_LABELS = {**APP_LABELS, "app.kubernetes.io/component": "db-upgrade"}
 # On the server's pod template: a new store URI or auth config (a new password) rolls the pods, which read both
 # only when they start.
 CONFIG_DIGEST = "trainyard.io/config-sha256"
@@ -112,11 +126,18 @@ NetworkPolicyKind = Literal["cilium", "kubernetes"]
 
 
 @dataclass(frozen=True)
+class LocalDatabase:
+    """A CloudNativePG cluster of our own (`local`), after its operator (in `depends_on`)."""
+
+    operator_namespace: str  # whose pods reach it
+
+
+@dataclass(frozen=True)
 class MlflowArgs:
     cluster: ClusterContext
     settings: MlflowSettings
-    # RDS on AWS; None: a CloudNativePG cluster of our own (`local`), after its operator (in `depends_on`).
-    database: DatabaseFacts | None
+    # RDS on AWS, or `local`'s own.
+    database: DatabaseFacts | LocalDatabase
     # The checkpoint bucket, whose `<namespace>/mlflow/` prefixes hold the artifacts; None on `local`.
     artifact_bucket: pulumi.Input[str] | None
     tenants: Mapping[str, TenantFacts]
@@ -249,7 +270,8 @@ def cnpg_cluster(size_gib: int) -> dict[str, Any]:
     return {
         "apiVersion": CNPG_API_VERSION,
         "kind": "Cluster",
-        "metadata": {"name": CNPG_CLUSTER, "namespace": NAMESPACE, "labels": labels(CNPG_CLUSTER, "database")},
+        "metadata": {"name": CNPG_CLUSTER, "namespace": DATABASE_NAMESPACE,
+                     "labels": labels(CNPG_CLUSTER, "database")},
         "spec": {
             "instances": 1,
             "imageName": POSTGRES_IMAGE,
@@ -263,6 +285,30 @@ def cnpg_cluster(size_gib: int) -> dict[str, Any]:
 
 
 USERS_LABELS = {**APP_LABELS, "app.kubernetes.io/component": auth.USERS_COMPONENT}
+
+
+def database_ingress_policy(operator_namespace: str) -> dict[str, Any]:
+    """`local`'s database takes PostgreSQL connections from the server and the migration Job, the operator's on its
+    two ports, and its own instances'; selecting every pod of its namespace turns every other connection away. A
+    standard NetworkPolicy: `local` runs no Cilium (and Cilium enforces these too)."""
+    postgres = {"port": CNPG_PORT, "protocol": "TCP"}
+    both = [{"port": CNPG_STATUS_PORT, "protocol": "TCP"}, postgres]
+
+    def pods(namespace: str, pod_labels: Mapping[str, str]) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {_KUBE_NAMESPACE: namespace}},
+                "podSelector": {"matchLabels": dict(pod_labels)}}
+
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {
+        "name": "mlflow-db-ingress", "namespace": DATABASE_NAMESPACE, "labels": labels(CNPG_CLUSTER, "database")},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [pods(NAMESPACE, APP_LABELS), pods(NAMESPACE, MIGRATION_LABELS)], "ports": [postgres]},
+                {"from": [pods(operator_namespace, CNPG_OPERATOR_LABELS)], "ports": both},
+                {"from": [{"podSelector": {"matchLabels": {CNPG_CLUSTER_LABEL: CNPG_CLUSTER}}}], "ports": both},
+            ],
+        }}
 
 
 def server_ingress_policy(kind: NetworkPolicyKind, tenant_namespaces: Sequence[str]) -> dict[str, Any]:
@@ -304,6 +350,12 @@ def tenant_egress_policy(kind: NetworkPolicyKind, namespace: str, tenant_labels:
     }}
 
 
+def _digest(*values: str | None) -> str:
+    """What pod templates carry of the secrets they read at start; a value not known yet (a preview, the offline
+    plan) digests as empty."""
+    return hashlib.sha256("\n".join(v or "" for v in values).encode()).hexdigest()
+
+
 def _version_suffix(image: str) -> str:
     """`ghcr.io/mlflow/mlflow:v3.17.2-full` -> `v3-17-2-full`: the migration Job's name carries the version it runs."""
     return image.rpartition(":")[2].replace(".", "-").lower()
@@ -323,14 +375,17 @@ class Mlflow(pulumi.ComponentResource):
                           # Every pod here runs unprivileged; CloudNativePG's instance pods included.
                           "pod-security.kubernetes.io/enforce": "baseline",
                           "pod-security.kubernetes.io/warn": "restricted"}
-        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE, "labels": ns_labels},
-                                          opts=k8s_options(cluster, self, args.depends_on))
-        in_ns = k8s_options(cluster, self, [namespace])
-        # Members browse the UI through `kubectl port-forward svc/mlflow` (README, "Reaching the UIs"); on `local` that
-        # reaches the database pods here too, which still want the password only the server's Secret holds.
-        ui_access(name, NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None), in_ns)
         stateful = pulumi.ResourceOptions(protect=args.protect, retain_on_delete=args.protect)
-        store_uri, database = self._database(name, args, namespace, in_ns, stateful)
+        # On `local` it holds the artifacts' volume, which deleting the namespace would delete.
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace", metadata={"name": NAMESPACE, "labels": ns_labels},
+            opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, args.depends_on),
+                                              stateful if args.artifact_bucket is None else None))
+        in_ns = k8s_options(cluster, self, [namespace])
+        # Members browse the UI through `kubectl port-forward svc/mlflow` (README, "Reaching the UIs"), which reaches
+        # every pod of this namespace: the database is never here.
+        ui_access(name, NAMESPACE, (t.group for t in args.tenants.values() if t.group is not None), in_ns)
+        store_uri, database = self._database(name, args, ns_labels, in_ns, stateful)
         auth_secret, admin = self._auth(name, args, store_uri, in_ns)
 
         flask = random.RandomPassword(f"{name}-flask-secret", length=64, special=False,
@@ -358,9 +413,11 @@ class Mlflow(pulumi.ComponentResource):
                 spec=claim, opts=pulumi.ResourceOptions.merge(in_ns, stateful)))
         prereqs = [namespace, account, migration_account, server_secret, auth_secret, *database, *volumes]
 
-        job_labels = {**APP_LABELS, "app.kubernetes.io/component": "db-upgrade"}
+        # The store it migrates (its digest): a new database, a moved one included, is a new Job and so a new run.
+        store_digest = pulumi.Output.unsecret(store_uri.apply(_digest))
         job_spec: Any = {"backoffLimit": 6, "template": {
-            "metadata": {"labels": job_labels}, "spec": pod_spec(args, migrate=True)}}
+            "metadata": {"labels": MIGRATION_LABELS, "annotations": {CONFIG_DIGEST: store_digest}},
+            "spec": pod_spec(args, migrate=True)}}
         migration = k8s.batch.v1.Job(
             f"{name}-db-upgrade",
             metadata={"name": f"mlflow-db-upgrade-{_version_suffix(IMAGE)}", "namespace": NAMESPACE,
@@ -372,9 +429,7 @@ class Mlflow(pulumi.ComponentResource):
                                                                      delete_before_replace=True)))
 
         replicas = args.settings.replicas
-        digest = pulumi.Output.unsecret(pulumi.Output.all(store_uri, admin).apply(
-            # A value not known yet (a preview, the offline plan) digests as empty.
-            lambda values: hashlib.sha256("\n".join(v or "" for v in values).encode()).hexdigest()))
+        digest = pulumi.Output.unsecret(pulumi.Output.all(store_uri, admin).apply(lambda values: _digest(*values)))
         deployment_spec: Any = {
             "replicas": replicas,
             "selector": {"matchLabels": APP_LABELS},
@@ -406,31 +461,43 @@ class Mlflow(pulumi.ComponentResource):
                                          "labels": {**labels("mlflow", "tracking-server"), **APP_LABELS}},
             spec=service_spec, opts=in_ns)
         policy = self._policies(name, args, namespace)
-        self._users(name, args, namespace, [self.deployment, service, policy])
+        self._users(name, args, namespace, [self.deployment, service, policy], store_digest)
         self.release = self.deployment
         self.tracking_uri = names.MLFLOW_TRACKING_URI
         self.register_outputs({"trackingUri": self.tracking_uri, "deployment": self.deployment.metadata["name"]})
 
-    def _database(self, name: str, args: MlflowArgs, namespace: pulumi.Resource, in_ns: pulumi.ResourceOptions,
+    def _database(self, name: str, args: MlflowArgs, ns_labels: Mapping[str, str], in_ns: pulumi.ResourceOptions,
                   stateful: pulumi.ResourceOptions) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
         """The store's URI and its Secret, and what must exist before a pod reads it."""
         facts, database = args.database, []
-        if facts is None:
+        if isinstance(facts, LocalDatabase):
+            cluster = args.cluster
+            # Kept like the database: deleting it would delete the Cluster and its volume. It waits for the
+            # CloudNativePG release (`depends_on`): its CRDs and webhook.
+            meta: Any = {"name": DATABASE_NAMESPACE, "labels": {**ns_labels, **labels(CNPG_CLUSTER, "database")}}
+            namespace = k8s.core.v1.Namespace(
+                f"{name}-db-namespace", metadata=meta,
+                opts=pulumi.ResourceOptions.merge(k8s_options(cluster, self, args.depends_on), stateful))
+            in_db_ns = k8s_options(cluster, self, [namespace])
+            policy: Any = database_ingress_policy(facts.operator_namespace)
+            ingress = k8s.networking.v1.NetworkPolicy(f"{name}-db-ingress", metadata=policy["metadata"],
+                                                      spec=policy["spec"], opts=in_db_ns)
             # The owner's password is ours, so the URI is known here as on AWS; CloudNativePG sets it at initdb only,
             # so it is kept like the database.
             password = random.RandomPassword(f"{name}-db-password", length=auth.PASSWORD_LENGTH, special=False,
                                              opts=pulumi.ResourceOptions(parent=self, protect=args.protect))
             owner: Any = {"username": DATABASE_OWNER, "password": pulumi.Output.secret(password.result)}
             owner_secret = k8s.core.v1.Secret(
-                f"{name}-db-owner", metadata={"name": CNPG_OWNER_SECRET, "namespace": NAMESPACE,
-                                              "labels": labels("mlflow", "database")},
-                type="kubernetes.io/basic-auth", string_data=owner, opts=in_ns)
-            # After the namespace, which waits for the CloudNativePG release (`depends_on`): its CRDs and webhook.
+                f"{name}-db-owner", metadata={"name": CNPG_OWNER_SECRET, "namespace": DATABASE_NAMESPACE,
+                                              "labels": labels(CNPG_CLUSTER, "database")},
+                type="kubernetes.io/basic-auth", string_data=owner, opts=in_db_ns)
             database.append(custom_resource(
                 f"{name}-db", cnpg_cluster(args.settings.database.storage_gib),
-                pulumi.ResourceOptions.merge(k8s_options(args.cluster, self, [namespace, owner_secret]), stateful)))
-            facts = DatabaseFacts(host=f"{CNPG_CLUSTER}-rw.{NAMESPACE}.svc", port=CNPG_PORT, name=DATABASE_NAME,
-                                  username=DATABASE_OWNER, password=pulumi.Output.secret(password.result))
+                pulumi.ResourceOptions.merge(k8s_options(cluster, self, [namespace, owner_secret, ingress]),
+                                             stateful)))
+            facts = DatabaseFacts(host=LOCAL_DATABASE_HOST, port=CNPG_PORT,
+                                  name=DATABASE_NAME, username=DATABASE_OWNER,
+                                  password=pulumi.Output.secret(password.result))
         uri = connection_uri(facts)
         secret = k8s.core.v1.Secret(
             f"{name}-db-secret", metadata={"name": DATABASE_SECRET, "namespace": NAMESPACE,
@@ -454,7 +521,7 @@ class Mlflow(pulumi.ComponentResource):
         return secret, admin.result
 
     def _users(self, name: str, args: MlflowArgs, namespace: pulumi.Resource,
-               server: Sequence[pulumi.Resource]) -> None:
+               server: Sequence[pulumi.Resource], store_digest: pulumi.Output[str]) -> None:
         """Each tenant's user: its password in the tenant's `mlflow-client` Secret and in the users Secret here, and
         the Job that makes the users once the server answers."""
         cluster = args.cluster
@@ -490,12 +557,16 @@ class Mlflow(pulumi.ComponentResource):
         roots_config = k8s.core.v1.ConfigMap(f"{name}-workspace-roots", metadata=roots_meta, data=roots_data,
                                              opts=in_ns)
         spec: Any = auth.users_job_spec(IMAGE, _restricted())
-        # The users, passwords and roots it makes (their digest): a change is a new Job, and so a new run.
-        spec["template"]["metadata"]["annotations"] = {"trainyard.io/users-sha256": pulumi.Output.unsecret(
-            pulumi.Output.all(pulumi.Output.all(**passwords), pulumi.Output.all(**roots)).apply(
-                # Output.all of no values is an empty list, not a dict.
-                lambda known: auth.users_digest({user: password or "" for user, password in dict(known[0]).items()},
-                                                {user: root or "" for user, root in dict(known[1]).items()})))}
+        # The users, passwords and roots it makes (their digest), and the store they go into: a change, a new
+        # database included, is a new Job, and so a new run.
+        spec["template"]["metadata"]["annotations"] = {
+            "trainyard.io/users-sha256": pulumi.Output.unsecret(
+                pulumi.Output.all(pulumi.Output.all(**passwords), pulumi.Output.all(**roots)).apply(
+                    # Output.all of no values is an empty list, not a dict.
+                    lambda known: auth.users_digest(
+                        {user: password or "" for user, password in dict(known[0]).items()},
+                        {user: root or "" for user, root in dict(known[1]).items()}))),
+            CONFIG_DIGEST: store_digest}
         job_meta: Any = {**meta, "annotations": auth.CHECKOV_SKIPS}
         needs = [*server, users_secret, account, script, roots_config]
         k8s.batch.v1.Job(
@@ -530,7 +601,8 @@ def build(ctx: AddonContext) -> Mlflow:
     cluster = ctx.cluster
     cilium = any(a.cni for a in ctx.enabled)
     return Mlflow(ctx.addon.resource_name, MlflowArgs(
-        cluster=cluster, settings=ctx.settings(MlflowSettings), database=cluster.tracking_database,
+        cluster=cluster, settings=ctx.settings(MlflowSettings),
+        database=cluster.tracking_database or LocalDatabase(ctx.catalogue.chart("cloudnative-pg").namespace),
         artifact_bucket=cluster.checkpoint_bucket, tenants=ctx.tenants,
         network_policy="cilium" if cilium else "kubernetes",
         protect=ctx.stack.protect,
