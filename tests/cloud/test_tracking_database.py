@@ -5,13 +5,25 @@ Every expectation comes from the stack's own settings, so an edited stack is che
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import parse_qs
+
 import pytest
 from aws_plan import of_type, one, plan
-from owned_stacks import Stack, stack_settings, stacks_where
+from owned_stacks import Stack, recording, stack_settings, stacks_where
 from trainyard import names
-from trainyard.cloud.database import ENGINE_MAJOR, PORT
+from trainyard.cloud.database import ENGINE_MAJOR, PORT, tls_query
+from trainyard.config import rds_ca
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.platform.mlflow import POSTGRES_IMAGE
+from trainyard.plan.writers import manifest_of
+from trainyard.platform.mlflow import (
+    DATABASE_CA,
+    DATABASE_CA_DIR,
+    DATABASE_CA_KEY,
+    DATABASE_ROOT_CERTIFICATE,
+    DATABASE_SECRET,
+    POSTGRES_IMAGE,
+)
 
 INSTANCE = "aws:rds/instance:Instance"
 # The tests' fleet (so something is always checked), then every AWS stack of stacks/ that turns MLflow on.
@@ -92,3 +104,51 @@ def test_tracking_server_holds_no_aws_role(stack: Stack) -> None:
                 for a in of_type(rec, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert (names.MLFLOW.namespace, names.MLFLOW.name) not in accounts
     assert not [r for r in of_type(rec, "aws:iam/role:Role") if r.name.startswith("mlflow")]
+
+
+def _connecting_containers(rec: Recording) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) of every container that reads the store's URI (the server, the migration's steps)."""
+    found = []
+    for record in rec.resources:
+        if record.type not in ("kubernetes:apps/v1:Deployment", "kubernetes:batch/v1:Job"):
+            continue
+        pod = manifest_of(record)["spec"]["template"]["spec"]
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            if any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == DATABASE_SECRET
+                   for e in container.get("env", [])):
+                found.append((pod, container))
+    return found
+
+
+@pytest.mark.parametrize("stack", TRACKING_STACKS)
+def test_clients_verify_the_server_against_the_instances_ca(stack: Stack) -> None:
+    """verify-full against the root of the CA the instance names, for the stack's region, mounted wherever a pod
+    connects, at the path the URI gives libpq."""
+    settings, rec = stack_settings(stack), recording(stack)
+    assert settings.aws is not None
+    assert one(rec, INSTANCE).inputs["caCertIdentifier"] == rds_ca.CA_IDENTIFIER
+    (ca,) = [manifest_of(r) for r in of_type(rec, "kubernetes:core/v1:ConfigMap")
+             if manifest_of(r)["metadata"] == {**manifest_of(r)["metadata"], "name": DATABASE_CA,
+                                               "namespace": names.MLFLOW_NAMESPACE}]
+    assert ca["data"] == {DATABASE_CA_KEY: rds_ca.regional_roots()[settings.aws.region]}
+    query = parse_qs(tls_query(DATABASE_ROOT_CERTIFICATE))
+    assert query == {"sslmode": ["verify-full"], "sslrootcert": [f"{DATABASE_CA_DIR}/{DATABASE_CA_KEY}"]}
+    containers = _connecting_containers(rec)
+    assert len(containers) >= 4  # the server and the migration's three steps
+    for pod, container in containers:
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == DATABASE_CA_DIR]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["configMap"]["name"] == DATABASE_CA and mount["readOnly"] is True
+
+
+@pytest.mark.parametrize("stack", stacks_where(lambda s: s.target == "local" and s.addons.mlflow.enabled))
+def test_local_clients_require_tls_only(stack: Stack) -> None:
+    """CloudNativePG's own CA is a Secret of the database's namespace: `local` requires TLS without a root, and
+    mounts none."""
+    assert parse_qs(tls_query(None)) == {"sslmode": ["require"]}
+    rec = recording(stack)
+    assert not [r for r in of_type(rec, "kubernetes:core/v1:ConfigMap") if manifest_of(r)["metadata"]["name"]
+                == DATABASE_CA]
+    containers = _connecting_containers(rec)
+    assert containers and not [c for _, c in containers if any(m["mountPath"] == DATABASE_CA_DIR
+                                                               for m in c["volumeMounts"])]

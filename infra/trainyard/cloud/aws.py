@@ -156,7 +156,8 @@ def build_aws(settings: Settings) -> ControlPlane:
             name=physical(settings, "mlflow"), settings=database,
             multi_az=database.multi_az if database.multi_az is not None else settings.environment == "prod",
             vpc_id=network.vpc.id, subnet_ids=network.private_subnet_ids,
-            node_security_group_id=eks.node_security_group.id, protect=settings.protect, tags=tags), opts=on_aws)
+            node_security_group_id=eks.node_security_group.id, protect=settings.protect, region=region,
+            tags=tags), opts=on_aws)
     if principals := principal_groups(settings.tenants):
         TenantAccess("tenant-access", TenantAccessArgs(cluster_name=cluster.name, principals=principals, tags=tags),
                      opts=on_aws)

@@ -68,6 +68,9 @@ class DatabaseFacts:
     username: str
     # A secret Output: it only ever reaches a Kubernetes Secret.
     password: pulumi.Output[str]
+    # The PEM of the root CA the server's certificate chains to, which clients verify it and its host name against
+    # (RDS); None: TLS without verification (`local`'s CloudNativePG, whose CA is its own namespace's Secret).
+    root_certificate: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ the password, in a Secret of the MLflow namespace only, is the other half.
 
 The master password is generated (random, in Pulumi state as a secret), not RDS-managed: RDS rotates a managed
 password in Secrets Manager every 7 days by default, which a Kubernetes Secret copied at deploy time would not follow.
+
+Clients verify the server (`sslmode=verify-full`): its certificate is signed by the certificate authority the
+instance names (`ca_cert_identifier`), whose root for the stack's region is release data (config/rds_ca.py), and
+names the instance's endpoint; a spoofed endpoint inside the VPC gets no password.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pulumi_random as random
 
 from trainyard.cloud.context import DatabaseFacts
 from trainyard.cloud.kms import KmsKey, KmsKeyArgs
+from trainyard.config import rds_ca
 from trainyard.config.model import TrackingDatabaseSettings
 
 ENGINE = "postgres"
@@ -59,15 +64,26 @@ class TrackingDatabaseArgs:
     # The security group every node carries (cloud/cluster.py): the only source admitted on PORT.
     node_security_group_id: pulumi.Input[str]
     protect: bool
+    # The stack's region: its root of the instance's certificate authority is what clients trust.
+    region: str
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def connection_uri(facts: DatabaseFacts) -> pulumi.Output[str]:
-    """The SQLAlchemy URI of the database, TLS required (RDS for PostgreSQL 15 and later force SSL by default, and
-    the parameter group below says so); a secret, since it carries the password."""
+def tls_query(root_certificate_path: str | None) -> str:
+    """TLS required (RDS for PostgreSQL 15 and later force SSL by default, and the parameter group below says so);
+    with the path of the server's root CA the client also verifies the server's certificate and host name (libpq
+    `sslmode=verify-full`, `sslrootcert`: PostgreSQL docs, libpq "Parameter Key Words"; SQLAlchemy's psycopg2
+    dialect hands the URI's query to libpq as it is: dialects/postgresql/_psycopg_common.py create_connect_args)."""
+    if root_certificate_path is None:
+        return "sslmode=require"
+    return f"sslmode=verify-full&sslrootcert={root_certificate_path}"
+
+
+def connection_uri(facts: DatabaseFacts, root_certificate_path: str | None = None) -> pulumi.Output[str]:
+    """The SQLAlchemy URI of the database (tls_query); a secret, since it carries the password."""
     return pulumi.Output.secret(pulumi.Output.format(
-        "postgresql://{0}:{1}@{2}:{3}/{4}?sslmode=require", facts.username, facts.password, facts.host, facts.port,
-        facts.name))
+        "postgresql://{0}:{1}@{2}:{3}/{4}?{5}", facts.username, facts.password, facts.host, facts.port, facts.name,
+        tls_query(root_certificate_path)))
 
 
 class TrackingDatabase(pulumi.ComponentResource):
@@ -131,8 +147,11 @@ class TrackingDatabase(pulumi.ComponentResource):
             # Automated backups stay after a deletion, until their retention ends.
             delete_automated_backups=False,
             enabled_cloudwatch_logs_exports=["postgresql", "upgrade"],
+            # The CA whose regional root clients verify the server against (config/rds_ca.py).
+            ca_cert_identifier=rds_ca.CA_IDENTIFIER,
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect, retain_on_delete=args.protect))
         self.facts = DatabaseFacts(host=self.instance.address, port=PORT, name=DATABASE, username=USERNAME,
-                                   password=pulumi.Output.secret(password.result))
+                                   password=pulumi.Output.secret(password.result),
+                                   root_certificate=rds_ca.regional_roots()[args.region])
         self.register_outputs({"endpoint": self.instance.endpoint, "securityGroupId": self.security_group.id})

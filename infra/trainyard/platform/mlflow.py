@@ -28,6 +28,8 @@ The database: RDS on AWS (cloud/database.py), a one-instance CloudNativePG clust
 is generated here (bootstrap.initdb.secret); either way the URI, with the password, is in a Secret here, and the
 server's pods carry its digest, so a changed password rolls them. The schemas are migrated by a Job per MLflow
 version and store before the server rolls (`pulumi up` waits for it), so replicas never race each other's migrations.
+Every pod that connects to RDS mounts its certificate authority's root (`mlflow-db-ca`) at the path the URI gives
+libpq, which then verifies the server's certificate and host name (cloud/database.py).
 The CloudNativePG cluster has a namespace of its own (`mlflow-db`): members may port-forward to the pods of this
 namespace (the UI), and a port-forward enters the pod past every network policy, so the database is where no tenant
 has a Role; that namespace takes connections from the server, the migration and the operator only, and is kept like
@@ -70,6 +72,12 @@ PORT_NAME = "http"
 APP_LABELS = {"app.kubernetes.io/name": "mlflow", "app.kubernetes.io/component": "tracking-server"}
 DATABASE_SECRET = "mlflow-db"
 DATABASE_URI_KEY = "uri"
+# RDS's root CA for the stack's region (cloud/database.py verifies the server against it): a ConfigMap every pod that
+# connects to the database mounts, at the path its URI names (sslrootcert).
+DATABASE_CA = "mlflow-db-ca"
+DATABASE_CA_KEY = "root.crt"
+DATABASE_CA_DIR = "/etc/mlflow-db-ca"
+DATABASE_ROOT_CERTIFICATE = f"{DATABASE_CA_DIR}/{DATABASE_CA_KEY}"
 SERVER_SECRET = "mlflow-server"
 # MLflow reads the Flask secret from this variable and hands it to every worker (mlflow/server/__init__.py @ 3.17.2,
 # _run_server: MLFLOW_FLASK_SERVER_SECRET_KEY); without it each process would sign sessions with its own.
@@ -215,8 +223,13 @@ def _migration_steps(base: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
     return [schema, tracking], users
 
 
+def _root_certificate(args: MlflowArgs) -> str | None:
+    database = args.database
+    return database.root_certificate if isinstance(database, DatabaseFacts) else None
+
+
 def pod_spec(args: MlflowArgs, *, migrate: bool) -> dict[str, Any]:
-    """The server's pod, or with `migrate` the pod that migrates both stores once."""
+    """The server's pod, or with `migrate` the pod that migrates both stores once; both connect to the database."""
     container: dict[str, Any] = {
         "name": "server",
         "image": IMAGE,
@@ -228,6 +241,9 @@ def pod_spec(args: MlflowArgs, *, migrate: bool) -> dict[str, Any]:
     }
     # Bounded: caches (HOME) go there.
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}}]
+    if _root_certificate(args) is not None:
+        container["volumeMounts"].append({"name": "db-ca", "mountPath": DATABASE_CA_DIR, "readOnly": True})
+        volumes.append({"name": "db-ca", "configMap": {"name": DATABASE_CA, "defaultMode": 0o444}})
     init: list[dict[str, Any]] = []
     if migrate:
         init, container = _migration_steps(container)
@@ -469,7 +485,7 @@ class Mlflow(pulumi.ComponentResource):
     def _database(self, name: str, args: MlflowArgs, ns_labels: Mapping[str, str], in_ns: pulumi.ResourceOptions,
                   stateful: pulumi.ResourceOptions) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
         """The store's URI and its Secret, and what must exist before a pod reads it."""
-        facts, database = args.database, []
+        facts, database = args.database, list[pulumi.Resource]()
         if isinstance(facts, LocalDatabase):
             cluster = args.cluster
             # Kept like the database: deleting it would delete the Cluster and its volume. It waits for the
@@ -498,7 +514,14 @@ class Mlflow(pulumi.ComponentResource):
             facts = DatabaseFacts(host=LOCAL_DATABASE_HOST, port=CNPG_PORT,
                                   name=DATABASE_NAME, username=DATABASE_OWNER,
                                   password=pulumi.Output.secret(password.result))
-        uri = connection_uri(facts)
+        root_path = None
+        if facts.root_certificate is not None:
+            root_path = DATABASE_ROOT_CERTIFICATE
+            database.append(k8s.core.v1.ConfigMap(
+                f"{name}-db-ca", metadata={"name": DATABASE_CA, "namespace": NAMESPACE,
+                                           "labels": labels("mlflow", "database")},
+                data={DATABASE_CA_KEY: facts.root_certificate}, opts=in_ns))
+        uri = connection_uri(facts, root_path)
         secret = k8s.core.v1.Secret(
             f"{name}-db-secret", metadata={"name": DATABASE_SECRET, "namespace": NAMESPACE,
                                            "labels": labels("mlflow", "database")},
