@@ -18,6 +18,7 @@ It takes torchrun's command line unchanged and exits with one of ``exitcodes.py`
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(exc)
     from .elastic import NodeAgent  # torch: 1.5 CPU-s that a refused line never pays
 
+    gc.freeze()  # torch's import-time objects out of every full collection (as in train.main)
     control = Path(tempfile.mkdtemp(prefix="trainyard-agent-"))
     os.environ[AGENT_DIR_ENV] = str(control)
     try:

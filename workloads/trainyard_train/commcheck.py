@@ -26,6 +26,7 @@ so a broken trainer never hides a working fabric or the reverse.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -328,4 +329,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # torch's import-time objects out of every full collection (as in train.main)
     sys.exit(main())

@@ -21,6 +21,7 @@ Exit 0 when every threshold holds; GATE_FAILED with one line naming each failed 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -189,4 +190,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # torch's import-time objects out of every full collection (as in train.main)
     raise SystemExit(main())
