@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from owned_stacks import planned
 from trainer_launch import WORKLOADS, free_port
 from trainyard.config.model import Job
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR
 from trainyard.platform.alluxio import claim_subpath
 from trainyard_train.config import load_config
 from trainyard_train.data import generate_for
@@ -53,7 +54,7 @@ CPU_OVERRIDES = (
     "model.vocab_size=64", "model.seq_len=16", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
     "model.n_kv_heads=2", "model.ffn_hidden=64",
     "train.global_batch_size=16", "train.micro_batch_size=1", "perf.compile=false", "perf.precision=fp32",
-    "data.num_shards=2", "data.records_per_shard=32", "comm.timeout_s=60", "checkpoint.interval_steps=1",
+    "data.num_shards=2", "data.records_per_shard=32", "comm.timeout_s=120", "checkpoint.interval_steps=1",
 )
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 MAX_SAMPLED_NODES = 2  # node counts run per job: MIN and MAX of the range (the plan checks every size between)
@@ -115,14 +116,15 @@ def _dataset_subpath(recording: Recording, namespace: str, claim: str) -> str:
 
 
 def rendered_training_jobs(stack: str) -> list[RenderedJob]:
-    file = read_stack(stack)
-    recording = render(file)
+    """The stack's training jobs as its program renders them (the once-per-process plan other test files read)."""
+    plan = planned((stack, STACKS_DIR))
+    recording = plan.recording
     records: list[ResourceRecord] = recording.resources
     config_maps = {(r.inputs["metadata"].get("namespace"), r.inputs["metadata"]["name"]): r.inputs.get("data", {})
                    for r in records if r.type == CONFIG_MAP}
     jobs = {r.inputs["metadata"]["name"]: r for r in records if r.type == VOLCANO_JOB}
     result = []
-    for job in settings_of(file).workloads:
+    for job in plan.settings.workloads:
         manifest = jobs[job.name].inputs
         namespace = manifest["metadata"]["namespace"]
         (task,) = manifest["spec"]["tasks"]
@@ -305,7 +307,7 @@ class Cluster:
         path = self.checkpoint_claim / "progress.jsonl"
         return read_progress(path) if path.exists() else []
 
-    def wait_for_event(self, pods: list[Pod], predicate: Any, timeout: float = 120) -> None:
+    def wait_for_event(self, pods: list[Pod], predicate: Any, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(predicate(e) for e in self.events()):
@@ -316,7 +318,7 @@ class Cluster:
         raise AssertionError("no such event:\n" + "\n".join(p.output()[-3000:] for p in pods))
 
 
-def wait_all(pods: list[Pod], timeout: float = 180) -> list[int]:
+def wait_all(pods: list[Pod], timeout: float = 600) -> list[int]:
     codes = []
     for pod in pods:
         try:
