@@ -47,7 +47,7 @@ def test_config_error_after_the_rendezvous_is_one_line_exit_2_every_time(
         launched = launch(run_dir, max_restarts=3, env={"LOGLEVEL": "INFO"})
         cleanup_launches.append(launched)
         launched.wait_for(lambda _ev, launched=launched: bool(launched.worker_pids()) or "config error" in
-                          launched.output(), timeout=60)
+                          launched.output())
         workers = launched.worker_pids() if launched.proc.poll() is None else []
         rc = launched.wait()
         output = launched.output()
