@@ -9,10 +9,12 @@ any collective that reaches it with a CPU tensor, explicitly or by omitting its 
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-import torch.distributed as dist
-from trainyard_train.train import main
+gc.disable()  # torch is imported here, before train.main, which imports it with the collector off: the same here
+import torch.distributed as dist  # noqa: E402
+from trainyard_train.train import main  # noqa: E402
 
 _init_process_group = dist.init_process_group
 
