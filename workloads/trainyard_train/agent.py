@@ -37,9 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_command_line(argv)
     except ConfigError as exc:
         return report(exc)
+    gc.disable()  # torch's import with the collector off, its objects frozen after (as in train.main)
     from .elastic import NodeAgent  # torch: 1.5 CPU-s that a refused line never pays
 
-    gc.freeze()  # torch's import-time objects out of every full collection (as in train.main)
+    gc.freeze()
+    gc.enable()
     control = Path(tempfile.mkdtemp(prefix="trainyard-agent-"))
     os.environ[AGENT_DIR_ENV] = str(control)
     try:
