@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_command_line(argv)
     except ConfigError as exc:
         return report(exc)
-    gc.disable()  # torch's import with the collector off, its objects frozen after (as in train.main)
+    gc.disable()  # torch's import with the collector off, frozen after (as in train.main; its ~7k garbage stay)
     from .elastic import NodeAgent  # torch: 1.5 CPU-s that a refused line never pays
 
     gc.freeze()
