@@ -77,6 +77,10 @@ MLFLOW_ADMIN_USERNAME = "admin"
 # mlflow/store/workspace/abstract_store.py WorkspaceNameValidator._RESERVED @ 3.17.2).
 MLFLOW_RESERVED_NAMES = frozenset({MLFLOW_ADMIN_USERNAME, "default", "workspaces", "api", "ajax-api", "static-files"})
 MLFLOW_MIN_NAME = 2  # WorkspaceNameValidator._MIN_LENGTH @ 3.17.2
+# Each tenant's own Grafana (platform/tenant_grafana.py): the namespace holding nothing else, and its one pod per
+# tenant, `grafana-<tenant>-0`, the StatefulSet's name being the prefix and the tenant's name.
+TENANT_GRAFANA_NAMESPACE = "tenant-grafana"
+TENANT_GRAFANA_PREFIX = "grafana-"
 # The training pipeline (platform/argo_workflows.py): Argo's namespace, and the account every tenant's workflow
 # pods run as (the WorkflowTemplates name it); it gets the trainer's pod identity (its namespace's S3 prefix).
 WORKFLOWS_NAMESPACE = "argo"

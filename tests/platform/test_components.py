@@ -15,7 +15,7 @@ from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings, TimeSlicing
-from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE
+from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, TENANT_GRAFANA_NAMESPACE
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, render
@@ -112,9 +112,11 @@ def test_local_renders_kubernetes_network_policies() -> None:
     # Registration order is the asyncio scheduler's; compare as sorted lists.
     assert sorted(o["metadata"]["namespace"] for o in _objects(LAPTOP, "NetworkPolicy")
                   if o["metadata"]["name"] == DEFAULT_DENY_POLICY) == ["research"]
-    tracking = ["mlflow"] if stack_settings(LAPTOP).addons.mlflow.enabled else []
+    addons = stack_settings(LAPTOP).addons
+    tracking = ["mlflow"] if addons.mlflow.enabled else []
+    dashboards = [TENANT_GRAFANA_NAMESPACE] if addons.monitoring.enabled and addons.tenant_grafana.enabled else []
     assert sorted(o["metadata"]["name"] for o in _objects(LAPTOP, "Namespace")) == sorted(
-        ["monitoring", "research", *tracking])
+        ["monitoring", "research", *tracking, *dashboards])
 
 
 @pytest.mark.parametrize("stack", every_stack())

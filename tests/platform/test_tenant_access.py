@@ -18,7 +18,13 @@ import pytest
 from owned_stacks import OWNED_STACKS
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
-from trainyard.names import FABRIC_CHECK_NAMESPACE, MLFLOW_CLIENT_CONFIG, tenant_group
+from trainyard.names import (
+    FABRIC_CHECK_NAMESPACE,
+    MLFLOW_CLIENT_CONFIG,
+    TENANT_GRAFANA_NAMESPACE,
+    TENANT_GRAFANA_PREFIX,
+    tenant_group,
+)
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import (
     PROJECT,
@@ -94,12 +100,16 @@ def test_every_tenant_namespace_binds_its_group_to_its_role(stack: Stack) -> Non
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT_ROLE}
         assert binding["subjects"] == [{"kind": "Group", "name": tenants[namespace].group,
                                         "apiGroup": "rbac.authorization.k8s.io"}]
-    # Nothing cluster-wide names a tenant group.
+    # Nothing cluster-wide names a tenant group; in the tenants' Grafana namespace a group is bound only to its own
+    # tenant's pod (tests/platform/test_tenant_grafana.py holds that binding's Role).
     groups = {t.group for t in settings.tenants}
+    own_grafana = {f"{TENANT_GRAFANA_PREFIX}{t.name}": t.group for t in settings.tenants}
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         for binding in _manifests(recording, kind):
             named = {s["name"] for s in binding.get("subjects", []) if s["kind"] == "Group"} & groups
-            allowed = kind == "RoleBinding" and binding["metadata"]["name"] in {TENANT_ROLE, UI_ROLE}
+            meta = binding["metadata"]
+            grafana = meta.get("namespace") == TENANT_GRAFANA_NAMESPACE and named == {own_grafana.get(meta["name"])}
+            allowed = kind == "RoleBinding" and (meta["name"] in {TENANT_ROLE, UI_ROLE} or grafana)
             assert not named or allowed, binding
 
 

@@ -154,11 +154,11 @@ def namespace_problems(project: str, keys: Iterable[str]) -> list[rules.Problem]
 
 def platform_namespaces() -> frozenset[str]:
     """Namespaces the platform installs into: every release's in the catalogue, the dataset namespace, the GPU
-    health check's, the tracking server's and its database's."""
+    health check's, the tracking server's and its database's, and the tenants' Grafanas'."""
     catalogue = load_catalogue(REPO_ROOT)
     return frozenset({pin.namespace for pin in catalogue.pins.values()}
                      | {names.DATASET_NAMESPACE, names.GPU_HEALTH_NAMESPACE, names.MLFLOW_NAMESPACE,
-                        names.MLFLOW_DATABASE_NAMESPACE})
+                        names.MLFLOW_DATABASE_NAMESPACE, names.TENANT_GRAFANA_NAMESPACE})
 
 
 def _recoverable(loc: tuple[int | str, ...], error_type: str) -> bool:

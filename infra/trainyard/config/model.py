@@ -480,6 +480,8 @@ class AddonSettings(Model):
     # MLflow's database operator on `local` (on AWS it is RDS, and this add-on never applies).
     cloudnative_pg: AddonSwitch = AddonSwitch()
     argo_workflows: AddonSwitch = AddonSwitch()
+    # Each tenant's own Grafana (platform/tenant_grafana.py); it applies only with monitoring on.
+    tenant_grafana: AddonSwitch = AddonSwitch()
 
 
 class BucketSettings(Model):
@@ -527,7 +529,9 @@ class TenantAccess(Model):
 
 
 class Tenant(Model):
-    name: DnsLabel
+    # Its Grafana is the StatefulSet `grafana-<name>` (platform/tenant_grafana.py), whose pods carry the label
+    # controller-revision-hash `<statefulset>-<10-character hash>`, a label value of at most 63 characters.
+    name: Annotated[DnsLabel, Field(max_length=44)]
     namespace: DnsLabel | None = None
     # Volcano queue weight: a share, not a count; 1000 allows any ratio a platform needs.
     weight: Annotated[int, Field(gt=0, le=1000)] = 1

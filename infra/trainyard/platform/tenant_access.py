@@ -84,6 +84,17 @@ def ui_rules() -> list[dict[str, Any]]:
     ]
 
 
+def forward_rules(pod: str) -> list[dict[str, Any]]:
+    """`kubectl port-forward pod/<pod>` to one pod of a fixed name: get the pod (kubectl checks it is running), then
+    the forward, by either verb as in ui_rules. By resourceNames: the API server takes a request's object name from
+    its path, subresources included (k8s.io/apiserver pkg/endpoints/request/requestinfo.go), so no other pod of the
+    namespace is reached, and no list or watch (resourceNames do not narrow them)."""
+    return [
+        {"apiGroups": [""], "resources": ["pods"], "resourceNames": [pod], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/portforward"], "resourceNames": [pod], "verbs": ["get", "create"]},
+    ]
+
+
 def ui_access(name: str, namespace: str, groups: Iterable[str], opts: pulumi.ResourceOptions) -> None:
     """Every tenant's members may port-forward to the web UI of a platform namespace (README, "Reaching the UIs")."""
     subjects: Any = [s for group in sorted(set(groups)) for s in role_binding_subjects(group)]
