@@ -21,6 +21,7 @@ from test_dashboards import DASHBOARD_DIR, _load, dashboard_queries, metric_name
 from trainyard import names
 from trainyard.config import ConfigError, Settings
 from trainyard.config.load import parse_settings
+from trainyard.paths import REPO_ROOT
 from trainyard.plan.runtime import PROJECT
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform import tenant_grafana as grafana
@@ -209,3 +210,16 @@ def test_a_tenant_name_leaves_room_for_its_grafanas_pod_labels(length: int, refu
         parse_settings(PROJECT, FLEET[0], raw)
     assert [p.path for p in caught.value.problems] == ["tenants[0].name"]
     assert "44" in caught.value.problems[0].message
+
+
+def test_the_guides_forward_command_names_a_tenants_pod_and_grafanas_port() -> None:
+    """README step 4's command: the namespace, a pod some stack renders for a tenant, and Grafana's container port."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"^kubectl -n (\S+) port-forward pod/(\S+) (\d+):(\d+)$", readme, re.M)
+    namespace, pod, _, port = command
+    assert namespace == grafana.NAMESPACE
+    rendered = {f"{name}-0": statefulset for stack in STACKS
+                for name, statefulset in _objects(stack, "StatefulSet").items()}
+    assert pod in rendered, sorted(rendered)
+    (http,) = _containers(rendered[pod])["grafana"]["ports"]
+    assert int(port) == http["containerPort"]
