@@ -19,6 +19,7 @@ import yaml
 from owned_stacks import FLEET, LAPTOP, Stack, planned, sample_stacks, stack_raw, stack_settings
 from test_dashboards import DASHBOARD_DIR, _load, dashboard_queries, metric_names
 from trainyard import names
+from trainyard.catalogue.charts import load_catalogue
 from trainyard.config import ConfigError, Settings
 from trainyard.config.load import parse_settings
 from trainyard.paths import REPO_ROOT
@@ -115,6 +116,8 @@ def test_nobody_signs_in_and_nothing_is_editable(stack: Stack) -> None:
         "GF_SECURITY_DISABLE_INITIAL_ADMIN_CREATION": "true", "GF_USERS_ALLOW_SIGN_UP": "false",
         "GF_USERS_ALLOW_ORG_CREATE": "false", "GF_EXPLORE_ENABLED": "false", "GF_USERS_VIEWERS_CAN_EDIT": "false"}
     assert not any(key.startswith("GF_SECURITY_ADMIN") for key in env)
+    # The image's own plugins run (Prometheus' among them), none is fetched over them on a read-only root.
+    assert env["GF_PLUGINS_PREINSTALL_DISABLED"] == "true"
     data = _objects(stack, "ConfigMap")[grafana.CONFIG_MAP]["data"]
     (source,) = yaml.safe_load(data["datasources.yaml"])["datasources"]
     assert source["url"] == grafana.PROXY_URL and source["editable"] is False
@@ -223,3 +226,19 @@ def test_the_guides_forward_command_names_a_tenants_pod_and_grafanas_port() -> N
     assert pod in rendered, sorted(rendered)
     (http,) = _containers(rendered[pod])["grafana"]["ports"]
     assert int(port) == http["containerPort"]
+
+
+def test_rules_attributing_gpus_to_pods_read_the_exporters_series_only() -> None:
+    """A tenant's target may serve DCGM-named series; with honorLabels false their scraped namespace/pod become
+    exported_* too, so each such selector must name the GPU Operator's namespace, where the exporter runs."""
+    exporter_namespace = load_catalogue(REPO_ROOT).chart("gpu-operator").namespace
+    rules = [rule for path in sorted((DASHBOARD_DIR.parent / "rules").glob("*.rules.yaml"))
+             for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+    attributing = [rule["expr"] for rule in rules if "exported_" in rule["expr"]]
+    assert attributing
+    for expr in attributing:
+        selectors = re.findall(r'(DCGM_\w+)?\{([^}]*)\}', expr)
+        dcgm = [body for name, body in selectors if name or "DCGM_" in body]
+        assert dcgm, expr
+        for body in dcgm:
+            assert f'namespace="{exporter_namespace}"' in body.replace(" ", ""), (body, expr)
