@@ -6,8 +6,10 @@ is given in (tenant_access.ui_rules), so members get none there. Instead every t
 in a namespace that holds nothing else, with two containers:
 
 - prom-label-proxy, listening on the pod's loopback only, which injects `namespace="<tenant namespace>"` into every
-  selector of every query, series and label request it passes to Prometheus, and answers nothing else (its routes:
-  injectproxy/routes.go @ v0.14.0; a static value, `-label-value`, not one the caller sends);
+  selector of every query, query_range, query_exemplars, series, label and /federate request it passes to Prometheus,
+  filters the rules and alerts it returns by that label, and forwards its Alertmanager paths to Prometheus, which
+  has no such API (404); nothing else is routed (injectproxy/routes.go @ v0.14.0; a static value, `-label-value`,
+  not one the caller sends);
 - Grafana, whose one data source is that proxy, with the tenant dashboards provisioned from files, anonymous Viewer
   access, no login form, no basic auth and no admin user at all (`disable_initial_admin_creation`): nobody, member or
   admin, can sign in and change a data source, and what a Viewer can still send (any PromQL through the data source:
@@ -100,6 +102,10 @@ GRAFANA_SETTINGS = {
     "GF_ANALYTICS_REPORTING_ENABLED": "false",
     "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
     "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
+    # Run the plugins the image bundles (Prometheus' included) and fetch none: by default Grafana 13 installs newer
+    # releases of its preinstall list over the bundled ones at start, which fails on a read-only root after the
+    # bundled plugin is stopped (grafana/grafana pkg/setting/setting_plugins.go: preinstall_disabled).
+    "GF_PLUGINS_PREINSTALL_DISABLED": "true",
     "GF_LOG_MODE": "console",
     # The image points its logs at /var/log/grafana; with a read-only root they go under the writable data path.
     "GF_PATHS_LOGS": f"{DATA_DIR}/log",
