@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -84,10 +85,11 @@ def test_an_agent_that_refuses_fails_with_its_answer(tmp_path: Path, agent: int)
     assert len(Agent.seen) == 2 and "FAILED" in result.stderr
 
 
-def test_no_path_to_the_agent_fails_naming_the_pod_network(tmp_path: Path, agent: int) -> None:
+def test_no_path_to_the_agent_fails_naming_the_pod_network(tmp_path: Path) -> None:
     # What Cilium's "FIB lookup failed" drop (cilium/cilium 35989) looks like from the pod: no connection.
-    port = agent
-    result = _run(tmp_path, f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}/v1/credentials")
+    with socket.socket() as bound:  # bound, never listening: its port refuses connections, and no other process
+        bound.bind(("127.0.0.1", 0))  # can listen there while it is held
+        result = _run(tmp_path, f"http://127.0.0.1:{bound.getsockname()[1]}/v1/credentials")
     assert result.returncode == 1 and "no connection" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -24,9 +24,18 @@ from trainyard_train.progress import read_progress  # noqa: E402
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port for a server this test starts later. Picked and closed, it could be handed to any process binding
+    port 0 before ours binds it; one connection closed from the listening side leaves it in TIME_WAIT for a minute,
+    during which the kernel hands it to nobody, while a server that sets SO_REUSEADDR (http.server, uvicorn,
+    torch's TCPStore) binds it at once."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port: int = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()  # this side closes first: it holds the TIME_WAIT
         return port
 
 
@@ -51,7 +60,8 @@ class Launch:
         path = self.run_dir / "progress.jsonl"
         return read_progress(path) if path.exists() else []
 
-    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60) -> None:
+    # Both bounds only stop a hung run: on a loaded 2-core CI machine a run takes minutes where here it takes seconds.
+    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate(self.events()):
@@ -61,7 +71,7 @@ class Launch:
             time.sleep(0.02)
         raise AssertionError(f"timed out waiting for condition:\n{self.output()}")
 
-    def wait(self, timeout: float = 120) -> int:
+    def wait(self, timeout: float = 300) -> int:
         return self.proc.wait(timeout=timeout)
 
     def output(self) -> str:
@@ -110,7 +120,7 @@ def launch(
             f"--nnodes=1:{max_nodes or nproc}",
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--rdzv-endpoint=127.0.0.1:0",  # the store binds a free port itself: no port picked, then bound later
             # min < max makes the rendezvous wait for late joiners; nobody else is coming here.
             "--rdzv-conf=last_call_timeout=1",
             f"--max-restarts={max_restarts}",

@@ -230,11 +230,11 @@ def test_no_kubeconfig_and_no_api_server_are_one_line(job_spec: dict[str, Any], 
                                        "AWS `aws eks update-kubeconfig --name <cluster>` writes one)\n")
     assert cli([*base, "--kubeconfig", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == f"error: --kubeconfig {tmp_path / 'nowhere'}: no such file\n"
-    with socket.socket() as probe:  # a port nothing listens on
+    with socket.socket() as probe:  # bound, never listening: nothing can listen on its port while it is held
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", TOKEN)
-    assert cli([*base, "--kubeconfig", str(tmp_path / "kubeconfig")]) == 2
+        write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", TOKEN)
+        assert cli([*base, "--kubeconfig", str(tmp_path / "kubeconfig")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: Volcano Job ")
     assert f"cannot reach the API server at http://127.0.0.1:{port}: " in err and err.count("\n") == 1
