@@ -42,6 +42,10 @@ class State:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: dict[str, bytes] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    received: list[float] = field(default_factory=list)
+    """When each request came (time.monotonic()), as `requests` lists them."""
+    refused: list[int] = field(default_factory=list)
+    """The indices in `requests` of those answered with `fail_with`."""
     fail_with: int = 0
     """While non-zero, every request is answered with this HTTP status (a server in trouble)."""
 
@@ -177,9 +181,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         url = urllib.parse.urlsplit(self.path)
         self.state.requests.append(f"{method} {url.path}")
+        self.state.received.append(time.monotonic())
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if self.state.fail_with:
+            self.state.refused.append(len(self.state.requests) - 1)
             self._answer(self.state.fail_with, b'{"error_code": "INTERNAL_ERROR", "message": "unavailable"}')
             return
         try:
@@ -232,7 +238,7 @@ def mlflow_server() -> Iterator[Server]:
         httpd.server_close()
 
 
-def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+def wait_until(predicate: Any, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
