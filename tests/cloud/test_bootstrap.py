@@ -185,7 +185,7 @@ def node(tmp_path: Path, loops: Callable[[int], list[str]]) -> Iterator[Node]:
     holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "infinity"])
     try:
         own = os.readlink("/proc/self/ns/mnt")
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # unshare starts in milliseconds, a loaded machine may take seconds
         while os.readlink(f"/proc/{holder.pid}/ns/mnt") == own:
             if holder.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("unshare --mount could not create a mount namespace")

@@ -80,7 +80,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv: list[str], names: str, caps
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "-m", "trainyard_train.commcheck", "--max-bytes", "1M", "--warmup-iters", "1", "--iters", "3", *args]
-    return subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.slow

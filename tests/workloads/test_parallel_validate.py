@@ -160,7 +160,7 @@ def test_the_trainer_refuses_a_layout_before_the_rendezvous(tmp_path: Path) -> N
     result = subprocess.run(
         [sys.executable, "-m", "trainyard_train", "--config", str(trainer_launch.TINY), f"run_dir={tmp_path}",
          FSDP, "parallel.tp=4", "model.n_kv_heads=4"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
+        env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == CONFIG_ERROR, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("trainyard_train: config error: parallel.tp: 4 "), (
@@ -195,7 +195,7 @@ def test_preflight_refuses_a_launch_whose_node_range_the_layout_cannot_use(tmp_p
         [sys.executable, "-m", "trainyard_train.preflight", "--nnodes=1:3", "--nproc-per-node=2", "-m",
          "trainyard_train", "--config", str(trainer_launch.TINY), f"run_dir={tmp_path}", FSDP, "parallel.pp=2",
          "parallel.tp=2"],
-        env=trainer_launch.subprocess_env(), capture_output=True, text=True, timeout=60, check=False,
+        env=trainer_launch.subprocess_env(), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == CONFIG_ERROR, result.stderr
     assert result.stderr.strip().startswith("trainyard_train: config error: parallel.pp: a model copy spans 2 nodes"), (

@@ -126,7 +126,7 @@ def test_suggestions_fit_and_prefer_the_fewest_model_parallel_ranks() -> None:
 
 def plan_layout(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainyard_train.plan_layout", *args],
-                          env=trainer_launch.subprocess_env(), capture_output=True, text=True, timeout=60, check=False)
+                          env=trainer_launch.subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_plan_layout_cli_exit_codes() -> None:

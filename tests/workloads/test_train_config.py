@@ -68,7 +68,7 @@ def _trainer(tmp_path: Path, *args: str, module: str = "trainyard_train") -> sub
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
 
@@ -111,7 +111,7 @@ def test_a_refused_line_never_imports_torch(tmp_path: Path, module: str) -> None
     if module != "train":
         argv = ["--nnodes=1", "-m", "trainyard_train", *argv]
     done = subprocess.run([sys.executable, "-c", probe, *argv], env=trainer_launch.subprocess_env(),
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.stdout.split("\n")[0] == f"{CONFIG_ERROR_EXIT_CODE} False", done.stdout + done.stderr
     assert "config error: train.steps: must be >= 1" in done.stderr
 
