@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import kubernetes_validate
+import pytest
 import yaml
+from kubernetes_validate.utils import SchemaNotFoundError
 from trainyard.plan.conformance import (
     INVALID,
     MISSING_SCHEMA,
@@ -96,6 +99,30 @@ def test_unknown_field_in_volcano_job() -> None:
     assert len(problems) == 1
     assert problems[0].path == "spec.tasks.0"
     assert "replica" in problems[0].message
+
+
+@pytest.mark.parametrize("obj", [
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": 1}},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}, "rules": [{"verb": []}]},
+    {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": 5}},
+    {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "p"}, "spec": {"minAvailable": []}},
+    {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "j"}, "spec": {"schedule": "@daily"}},
+    DEPLOYMENT,
+    {"apiVersion": "apps/v1", "kind": "Deploymentz", "metadata": {"name": "d"}},
+    {"apiVersion": "v2", "kind": "Pod", "metadata": {"name": "p"}},
+], ids=lambda obj: f"{obj['apiVersion']}-{obj['kind']}")
+def test_a_built_in_kind_gets_kubernetes_validates_first_error(obj: dict[str, Any]) -> None:
+    """The checker compiles kubernetes-validate's strict schemas itself (its validate() reads them per object): the
+    same schema file for each group and kind, and the same first error, as kubernetes-validate's own validate."""
+    try:
+        kubernetes_validate.validate(obj, kubernetes_schema_version(K8S), strict=True)
+        expected = []
+    except SchemaNotFoundError:
+        expected = [MISSING_SCHEMA]
+    except kubernetes_validate.ValidationError as err:
+        expected = [(".".join(map(str, err.absolute_path)), err.message)]
+    found = [p.kind if p.kind == MISSING_SCHEMA else (p.path, p.message) for p in check_manifest(obj, K8S)]
+    assert found == expected
 
 
 def test_custom_resource_without_schema_is_a_problem() -> None:

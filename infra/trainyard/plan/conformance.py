@@ -18,21 +18,25 @@ The upstream data is not part of the repository: `tools/upstream.py sync` fills 
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import kubernetes_validate
 import yaml
-from kubernetes_validate.utils import SchemaNotFoundError
+from referencing import Registry, Resource
 
 from trainyard.catalogue.charts import deep_merge
 from trainyard.plan.rendering import RenderedStack, chart_name
 from trainyard.plan.upstream import kubernetes_schema_version, upstream_dir
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 # Problem kinds: schema/key violations vs. data we could not check at all.
 INVALID = "invalid"
@@ -130,15 +134,40 @@ def _object_name(obj: Mapping[str, Any]) -> str:
 
 def _check_builtin(obj: Mapping[str, Any], where: str, k8s_version: str) -> list[Problem]:
     schema_version = kubernetes_schema_version(k8s_version)
-    try:
-        kubernetes_validate.validate(dict(obj), schema_version, strict=True)
-    except SchemaNotFoundError:
+    validator = _builtin_validator(schema_version, obj["apiVersion"], obj["kind"])
+    if validator is None:
         return [Problem(where, "", f"no schema for {obj['apiVersion']} {obj['kind']}: neither a Kubernetes "
                         f"{schema_version} kind nor a CRD in the upstream data", MISSING_SCHEMA)]
-    except kubernetes_validate.ValidationError as err:
-        # kubernetes-validate stops at the first error; one per object is enough to fail a plan.
+    # The first error, as kubernetes-validate reports; one per object is enough to fail a plan.
+    for err in validator.iter_errors(dict(obj)):
         return [Problem(where, _dotted(err.absolute_path), err.message, INVALID)]
     return []
+
+
+@cache
+def _builtin_validator(schema_version: str, api_version: str, kind: str) -> jsonschema.protocols.Validator | None:
+    """The strict schema (unknown fields fail) kubernetes-validate ships for the kind, None where it ships none;
+    read and compiled once per process, where its `validate` parses the 1.5 MB of shared definitions for every
+    object. Its files are named kind-group-version.json, the group cut to its first label (rbac.authorization.k8s.io/v1
+    -> role-rbac-v1.json), beside _definitions.json (kubernetes-validate 1.37.0, kubernetes_validate/utils.py)."""
+    group, _, version = api_version.rpartition("/")
+    name = f"{kind.lower()}-{group.split('.')[0]}-{version}.json" if group else f"{kind.lower()}-{version}.json"
+    folder = _builtin_schemas(schema_version)
+    if "/" in name or not (folder / name).is_file():
+        return None
+    schema = json.loads((folder / name).read_text(encoding="utf-8"))
+    registry: Registry[Any] = Resource.from_contents(schema) @ _builtin_definitions(schema_version)
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _builtin_schemas(schema_version: str) -> Traversable:
+    return importlib.resources.files(kubernetes_validate) / "kubernetes-json-schema" / f"v{schema_version}-local-strict"
+
+
+@cache
+def _builtin_definitions(schema_version: str) -> Registry[Any]:
+    definitions = json.loads((_builtin_schemas(schema_version) / "_definitions.json").read_text(encoding="utf-8"))
+    return Resource.from_contents(definitions) @ Registry()
 
 
 def _check_custom_resource(obj: Mapping[str, Any], where: str, schema_path: Path) -> list[Problem]:
