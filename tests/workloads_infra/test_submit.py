@@ -4,21 +4,23 @@ kube_stand_in.py, that records each request and authorizes it with the tenant-us
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kube_stand_in import Cluster, serving
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, planned
+from trainyard import submit
 from trainyard.__main__ import main as cli
 from trainyard.config.yaml_input import InputError
 from trainyard.plan.conformance import check_manifest
-from trainyard.plan.runtime import StackFile, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, StackFile, available_stacks, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.tenant_access import tenant_rules
 from trainyard.platform.tenants import queue_name
@@ -68,7 +70,7 @@ def test_a_submitted_job_is_exactly_what_the_stack_would_deploy(stack_name: str,
     """One source of truth: each job of the stack, taken out of it and submitted by a tenant instead, gives the same
     objects, field for field, as `pulumi up` creates for it in the stack."""
     stack = stack_of(stack_name, where)
-    recording = render(stack)
+    recording = planned((stack_name, where or STACKS_DIR)).recording  # the stack's program, as plan runs it
     for spec in jobs_of(stack):
         _same_as_deployed(stack, recording.resources, spec, tmp_path)
 
@@ -95,6 +97,26 @@ def test_every_tenant_can_submit_a_job(stack_name: str, where: Path | None, tmp_
         assert job["metadata"]["namespace"] == tenant.namespace_name
         assert job["spec"]["queue"] == queue_name(tenant)  # the one queue its namespace may use
         assert {m["metadata"]["namespace"] for m in manifests} == {tenant.namespace_name}  # nothing outside it
+
+
+JobObjects = Callable[[StackFile, dict[str, Any], Path], list[dict[str, Any]]]
+
+
+@pytest.fixture
+def job_objects(monkeypatch: pytest.MonkeyPatch) -> JobObjects:
+    """render_job for the test and for the CLI it runs, one render per stack and job between them: each renders the
+    whole program (1-2 CPU-s), and the tests hold what the CLI does with the objects, not two runs of one function."""
+    made: dict[str, list[dict[str, Any]]] = {}
+    real = submit.render_job
+
+    def shared(stack: StackFile, spec: dict[str, Any], job_file: Path) -> list[dict[str, Any]]:
+        key = json.dumps([stack.stack, stack.values, sorted(stack.secret_keys), spec], sort_keys=True)
+        if key not in made:
+            made[key] = real(stack, spec, job_file)
+        return copy.deepcopy(made[key])
+
+    monkeypatch.setattr(submit, "render_job", shared)
+    return shared
 
 
 def bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: Any) -> str:
@@ -144,12 +166,13 @@ def test_a_missing_job_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"--job {tmp_path / 'none.yaml'}: no such file" in capsys.readouterr().err
 
 
-def test_dry_run_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_manifests(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      job_objects: JobObjects) -> None:
     stack = fleet()
     spec = {**jobs_of(stack)[1], "name": "printed"}
     assert cli(cli_args("--job", str(write_job(tmp_path, spec)), "--dry-run")) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert printed == render_job(stack, spec, tmp_path / "job.yaml")
+    assert printed == job_objects(stack, spec, tmp_path / "job.yaml")
 
 
 @pytest.fixture
@@ -162,11 +185,12 @@ def api_server(tmp_path: Path) -> Iterator[tuple[Path, Cluster]]:
 
 
 def test_apply_sends_each_manifest_as_a_server_side_apply(tmp_path: Path, api_server: Any,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         job_objects: JobObjects) -> None:
     kubeconfig, cluster = api_server
     stack = fleet()
     spec = {**jobs_of(stack)[1], "name": "applied"}
-    manifests = render_job(stack, spec, write_job(tmp_path, spec))
+    manifests = job_objects(stack, spec, write_job(tmp_path, spec))
     assert cli(cli_args("--job", str(tmp_path / "job.yaml"), "--kubeconfig", str(kubeconfig))) == 0
     seen = cluster.requests
     assert [(r.method, r.path, r.body) for r in seen] == [("PATCH", *r) for r in apply_requests(manifests)]
@@ -211,7 +235,8 @@ def test_a_refused_apply_is_one_line(tmp_path: Path, api_server: Any) -> None:
 @pytest.mark.parametrize(("stack_name", "where"), with_jobs(SAMPLE) + OWNED)
 def test_the_pipeline_is_a_valid_workflow_template_around_the_same_job(stack_name: str, where: Path | None,
                                                                         tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+                                                                        capsys: pytest.CaptureFixture[str],
+                                                                        job_objects: JobObjects) -> None:
     stack = stack_of(stack_name, where)
     settings = settings_of(stack)
     spec = {**jobs_of(stack)[0], "name": "piped"}
@@ -219,7 +244,7 @@ def test_the_pipeline_is_a_valid_workflow_template_around_the_same_job(stack_nam
     stacks_dir = ["--stacks-dir", str(where)] if where is not None else []
     assert cli(["submit", "--stack", stack_name, *stacks_dir, "--job", str(job_file), "--pipeline", "--dry-run"]) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
-    manifests = render_job(stack, spec, job_file)
+    manifests = job_objects(stack, spec, job_file)
     (template,) = [m for m in printed if m["kind"] == "WorkflowTemplate"]
     # The job's other objects as they are; the Job itself only inside the workflow's train step.
     assert [m for m in printed if m["kind"] != "WorkflowTemplate"] == [m for m in manifests if m["kind"] != "Job"]
