@@ -8,11 +8,12 @@ data set can never pass unnoticed.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from owned_stacks import edited_plans
 from tool_scripts import load_tool
 from trainyard.config.yaml_input import InputError
 from trainyard.plan.conformance import upstream_dir
@@ -42,6 +43,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def upstream_tool() -> ModuleType:
     return load_tool("upstream")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_plans_stay_as_planned() -> Iterator[None]:
+    """The once-per-process plans (owned_stacks.planned) are read by many files in whatever order xdist runs them: a
+    test that edits one instead of a copy fails the session, here, rather than some later test somewhere else."""
+    yield
+    edited = edited_plans()
+    assert not edited, f"a test edited the shared plan of {edited} (owned_stacks.planned): edit a copy"
 
 
 @pytest.hookimpl(wrapper=True)

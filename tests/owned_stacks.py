@@ -3,6 +3,8 @@ users edit (a test of a sample stack derives what it expects from that stack's d
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -43,8 +45,22 @@ def stack_settings(stack: Stack) -> Settings:
 @cache
 def planned(stack: Stack) -> StackPlan:
     """The stack as `plan` sees it, planned once per test process for every test file that reads it: edit a copy
-    (dataclasses.replace, copy.deepcopy), never the plan itself."""
-    return plan_stack(stack_file(stack))
+    (dataclasses.replace, copy.deepcopy), never the plan itself (the session ends with edited_plans())."""
+    plan = plan_stack(stack_file(stack))
+    _PLANNED[stack] = _digest(plan)
+    return plan
+
+
+def edited_plans() -> list[str]:
+    """The stacks whose once-per-process plan differs from what planning gave: a test edited it, not a copy."""
+    return [stack[0] for stack, digest in _PLANNED.items() if _digest(planned(stack)) != digest]
+
+
+_PLANNED: dict[Stack, str] = {}
+
+
+def _digest(plan: StackPlan) -> str:
+    return hashlib.sha256(pickle.dumps((plan.recording, plan.rendered), protocol=5)).hexdigest()
 
 
 def recording(stack: Stack) -> Recording:
