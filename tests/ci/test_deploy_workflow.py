@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import FLEET, LAPTOP, OWNED_STACKS, Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, LAPTOP, OWNED_STACKS, Stack, recording, stack_settings, stacks_where
 from trainyard.plan.duration import longest_create_chain
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -133,7 +133,7 @@ def test_deploy_settings_refuse_a_stack_ci_does_not_deploy() -> None:
 def test_credentials_outlive_the_first_up(stack: Stack) -> None:
     (step,) = _credential_steps("deploy-stack.yml")
     duration = int(step["with"]["role-duration-seconds"])
-    bound = longest_create_chain(render(stack_file(stack))).seconds
+    bound = longest_create_chain(recording(stack)).seconds
     assert bound > 3600, "the first up is longer than the 1 h default; the bound must show it"
     assert bound <= duration <= MAX_SESSION_SECONDS, (stack, bound, duration)
 

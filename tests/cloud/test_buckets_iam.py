@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 from aws_plan import of_type, one, plan, policy_documents
-from owned_stacks import FLEET, Stack, stack_file, stack_raw, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, recording, stack_raw, stack_settings, stacks_where
 from trainyard.plan.placeholders import ACCOUNT
-from trainyard.plan.runtime import render
 
 # The tests' fleet, then every AWS stack of stacks/.
 AWS = stacks_where(lambda s: s.is_aws)
@@ -231,6 +230,6 @@ def test_every_eni_the_operator_manages_carries_its_clusters_tag(stack: Stack) -
     for template in of_type(plan(*stack), "aws:ec2/launchTemplate:LaunchTemplate"):
         specs = {s["resourceType"]: s["tags"] for s in template.inputs["tagSpecifications"]}
         assert tag in specs["network-interface"].items() and tag in specs["instance"].items(), template.name
-    cilium = next(r for r in render(stack_file(stack)).resources if r.type == "kubernetes:helm.sh/v3:Release"
+    cilium = next(r for r in recording(stack).resources if r.type == "kubernetes:helm.sh/v3:Release"
                   and str(r.inputs["chart"]).endswith("cilium"))
     assert cilium.inputs["values"]["eni"]["eniTags"] == dict([tag])

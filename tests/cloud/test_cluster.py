@@ -7,7 +7,7 @@ import json
 
 import pytest
 from aws_plan import by_urn, cloud_and_karpenter, of_type, one, plan
-from owned_stacks import FLEET, Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, recording, stack_file, stack_settings, stacks_where
 from trainyard.cloud.cluster import kubeconfig
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.model import AwsSettings, Settings
@@ -117,7 +117,7 @@ def test_kubeconfig_uses_a_short_lived_exec_token() -> None:
 
 
 def test_full_program_exports_kubeconfig_as_secret() -> None:
-    rec = render(stack_file(FLEET))
+    rec = recording(FLEET)
     assert rec.outputs["kubeconfig"] == "[secret]"
     assert rec.outputs["clusterName"] == "trainyard-fleet"
     assert rec.outputs["checkpointBucket"] == f"trainyard-fleet-checkpoints-{ACCOUNT}"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from aws_plan import by_urn, cloud_and_karpenter, of_type, one, plan
-from owned_stacks import FLEET, Stack, stack_file, stack_raw, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, recording, stack_file, stack_raw, stack_settings, stacks_where
 from trainyard.cloud.karpenter import INTERRUPTION_EVENTS
 from trainyard.cloud.userdata import NodeRole, render_user_data
 from trainyard.config.instance_types import INSTANCE_TYPES
@@ -249,7 +249,7 @@ def test_efa_pools_give_pods_no_efa_interface_with_ips(stack: Stack) -> None:
     # Review finding 1 (issue 18 item 5 reversed): Cilium's ENI IPAM lists only ENIs with an IPv4 address (cilium
     # pkg/aws/ec2/ec2.go filter private-ip-address=*), so EFA goes on IP-less efa-only interfaces, one per network
     # card of every type of the pool, beside card 0's primary ENI; pools without EFA keep Karpenter's default.
-    cilium = next(r for r in render(stack_file(stack)).resources if r.type == RELEASE
+    cilium = next(r for r in recording(stack).resources if r.type == RELEASE
                   and str(r.inputs["chart"]) == "cilium")
     assert cilium.inputs["values"]["ipam"]["mode"] == "eni"
     settings = stack_settings(stack)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
-from owned_stacks import FLEET, Stack, sample_stacks, stack_file, stack_settings
+from owned_stacks import FLEET, Stack, recording, sample_stacks, stack_settings
 from trainyard.plan.conformance import Problem, check_helm_values, check_manifest, upstream_dir
 from trainyard.plan.recording import SECRET, Recording
-from trainyard.plan.runtime import STACKS_DIR, render
+from trainyard.plan.runtime import STACKS_DIR
 from trainyard.plan.writers import HELM_RELEASE, is_kubernetes_object, manifest_of, release_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -20,9 +19,8 @@ UPSTREAM = upstream_dir(REPO_ROOT)
 STACKS = [pytest.param(stack, id=stack[0]) for stack in sample_stacks()]
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def _kubernetes_version(stack: Stack) -> str:

@@ -4,22 +4,19 @@ and the runtime images Fluid's controllers are given by environment; and tags th
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import FLEET, recording
 from trainyard.plan.images import is_pinned, unpinned
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RELEASE, RenderedStack, chart_name, render_releases
-from trainyard.plan.runtime import read_stack, render
 
 
-@functools.cache
 def fleet() -> Recording:
-    return render(read_stack("fleet", OWNED_STACKS))
+    return recording(FLEET)
 
 
 def _rendered(chart: str, change: Callable[[dict[str, Any]], None]) -> RenderedStack:

@@ -8,18 +8,17 @@ needs. Expectations come from each stack's settings and the release's rendered o
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
 import yaml
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, planned
 from trainyard import names
 from trainyard.plan.recording import Recording
 from trainyard.plan.rendering import RenderedRelease
-from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks, plan_stack, read_stack, settings_of
+from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.argo_workflows import (
     API_SERVER_POLICY,
@@ -40,9 +39,8 @@ IMAGE_TAGS = {"workflow-controller", "argocli", "argoexec"}
 _WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
 
-@cache
 def _plan(stack: Stack) -> StackPlan:
-    return plan_stack(read_stack(*stack))
+    return planned(stack)
 
 
 def _recording(stack: Stack) -> Recording:

@@ -4,19 +4,17 @@ scheduling can serve, read from each stack's plan records (issue 9)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from functools import cache
 from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import Stack, recording, stack_settings, stacks_where
 from trainyard.cloud.aws import pool_labels, pool_taints
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import render
 from trainyard.plan.writers import HELM_RELEASE, release_of
 from trainyard.platform.tenants import DEFAULT_DENY_POLICY
 
@@ -26,9 +24,8 @@ def _aws_with(has: Callable[[Settings], bool]) -> list[Any]:
     return stacks_where(lambda s: s.is_aws and has(s))
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def _values(stack: Stack, chart: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from owned_stacks import FLEET, LAPTOP, Stack, every_stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, LAPTOP, Stack, every_stack, recording, stack_file, stack_settings, stacks_where
 from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
@@ -31,9 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NOT_ADDONS = {"trainyard:platform:Tenants", "trainyard:platform:EbsStorageClass"}
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 @cache

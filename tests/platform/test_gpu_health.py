@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, recording
 from trainyard import names
 from trainyard.cloud.context import PoolFacts
 from trainyard.config import Settings
@@ -49,7 +49,7 @@ def _with_addons(stack: Stack, **gpu_health: Any) -> StackFile:
 @cache
 def _recording(stack: Stack, enabled: bool = True, repair: bool = True) -> Recording:
     if enabled and repair:
-        return render(read_stack(*stack))
+        return recording(stack)
     return render(_with_addons(stack, enabled=enabled, repair=repair))
 
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
+from owned_stacks import planned
 from trainyard.plan.cluster_model import satisfies
 from trainyard.plan.pods import lookup, pod_makers, pod_needs
-from trainyard.plan.runtime import STACKS_DIR, available_stacks, plan_stack, read_stack, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 
 KIND_CONFIG = STACKS_DIR / "kind-trainyard.yaml"
@@ -26,7 +27,7 @@ def node_labels(config: Path) -> dict[str, str]:
 
 
 def _pod_specs(stack: str) -> list[tuple[str, dict[str, Any]]]:
-    plan = plan_stack(read_stack(stack))
+    plan = planned((stack, STACKS_DIR))
     objects = [o for _, o in plan.rendered.objects()]
     objects += [manifest_of(r) for r in plan.recording.resources if is_kubernetes_object(r)]
     specs = [(w.label, dict(w.spec)) for w in pod_makers(objects)]

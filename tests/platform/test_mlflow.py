@@ -11,20 +11,19 @@ is migrated before the server rolls; the database is RDS on AWS and a CloudNativ
 from __future__ import annotations
 
 import configparser
-from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from jsonschema import Draft7Validator
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, planned, recording
 from trainyard import names
 from trainyard.config import Settings
 from trainyard.config.load import platform_namespaces
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.recording import Recording, ResourceRecord
-from trainyard.plan.runtime import STACKS_DIR, available_stacks, plan_stack, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform import mlflow_auth
 from trainyard.platform.mlflow import (
@@ -49,9 +48,8 @@ STACKS: list[Stack] = [("fleet", OWNED_STACKS), ("laptop", OWNED_STACKS),
                          if settings_of(read_stack(s)).addons.mlflow.enabled)]
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(read_stack(*stack))
+    return recording(stack)
 
 
 def _settings(stack: Stack) -> Settings:
@@ -359,7 +357,7 @@ LOCAL_DATABASE_STACKS = [s for s in STACKS if _settings(s).target == "local"]
 def test_local_database_matches_the_operator_the_release_renders(stack: Stack) -> None:
     """The Cluster is valid against the CRD the cloudnative-pg release itself installs (the version that will admit
     it), and the operator that reconciles it runs on the system nodes, scraped when monitoring is on."""
-    release = plan_stack(read_stack(*stack)).rendered.releases["cloudnative-pg"]
+    release = planned(stack).rendered.releases["cloudnative-pg"]
     (crd,) = [o for o in release.of_kind("CustomResourceDefinition") if o["spec"]["names"]["kind"] == "Cluster"]
     (cluster,) = [manifest_of(r) for r in _records(stack, "Cluster", DATABASE_NAMESPACE)]
     group, version = cluster["apiVersion"].split("/")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
 import pytest
-from owned_stacks import FLEET, Stack, every_stack, stack_file, stack_settings, stacks_where
+from owned_stacks import FLEET, Stack, every_stack, recording, stack_file, stack_settings, stacks_where
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording, ResourceRecord
 from trainyard.plan.runtime import render
@@ -36,9 +35,8 @@ NODE_CAPACITY_KINDS = frozenset(("kubernetes:karpenter.sh/v1:NodePool", "kuberne
 PROMETHEUS_KINDS = frozenset(("ServiceMonitor", "PodMonitor", "PrometheusRule"))
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def group_of(record: ResourceRecord) -> str:

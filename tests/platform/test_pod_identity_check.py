@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import FLEET, recording
 from trainyard.plan.engine_order import creation_order
 from trainyard.plan.recording import Recording
 from trainyard.plan.rules.awaits import duration_seconds
-from trainyard.plan.runtime import read_stack, render
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "platform" / "karpenter" / "pod-identity-check.sh"
@@ -110,7 +109,7 @@ def test_shellcheck_is_clean() -> None:
 
 
 def _fleet() -> Recording:
-    return render(read_stack("fleet", OWNED_STACKS))
+    return recording(FLEET)
 
 
 def test_pulumi_waits_for_the_check_longer_than_the_check_runs() -> None:

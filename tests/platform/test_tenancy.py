@@ -14,11 +14,12 @@ from typing import Any
 
 import celpy
 import pytest
+from owned_stacks import recording
 from trainyard.config.model import TenantQuota
 from trainyard.config.quantity import parse_quantity
 from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, QUEUE_LABEL
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, settings_of
 from trainyard.plan.writers import is_kubernetes_object, manifest_of
 from trainyard.platform.monitor_policy import POD_MONITOR_POLICY, SAMPLE_LIMIT
 from trainyard.platform.tenants import QUEUE_POLICY, TENANT_LABEL
@@ -27,9 +28,8 @@ STACKS = available_stacks()
 VOLCANO_STACKS = [s for s in STACKS if settings_of(read_stack(s)).addons.volcano.enabled]
 
 
-@cache
 def _recording(stack: str) -> Recording:
-    return render(read_stack(stack))
+    return recording((stack, STACKS_DIR))
 
 
 def _objects(stack: str, kind: str) -> list[dict[str, Any]]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, planned, recording
 from trainyard.config import ConfigError
 from trainyard.config.load import decode_value, parse_settings
 from trainyard.names import (
@@ -31,7 +30,6 @@ from trainyard.plan.runtime import (
     STACKS_DIR,
     StackFile,
     available_stacks,
-    plan_stack,
     read_stack,
     render,
     settings_of,
@@ -49,9 +47,8 @@ SUBMIT = {"create", "patch", "get", "watch", "delete"}
 MEMBER = "arn:aws:iam::111122223333:role/ml-engineer"
 
 
-@cache
 def _recording(stack: Stack) -> Recording:
-    return render(read_stack(*stack))
+    return recording(stack)
 
 
 def _raw(stack: str) -> dict[str, Any]:
@@ -134,7 +131,7 @@ def test_members_may_port_forward_to_the_platforms_uis_and_nothing_else_there(st
     assert sorted(roles) == sorted(bindings) == sorted(expected)
     services = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in _manifests(recording, "Service")}
     rendered = {(o["metadata"].get("namespace"), o["metadata"]["name"])
-                for _, o in plan_stack(read_stack(*stack)).rendered.objects() if o["kind"] == "Service"}
+                for _, o in planned(stack).rendered.objects() if o["kind"] == "Service"}
     for addon, on in enabled.items():
         if on:
             assert UIS[addon] in services | rendered, UIS[addon]

@@ -11,10 +11,9 @@ from collections import defaultdict
 from typing import Any
 
 import yaml
-from owned_stacks import FLEET, stack_file
+from owned_stacks import FLEET, planned
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.paths import PLATFORM_DIR
-from trainyard.plan.runtime import plan_stack
 
 VALUES = PLATFORM_DIR / "volcano" / "values.yaml"
 # What the AWS cloud controller sets from DescribeInstanceTopology (cloud-provider-aws instances_v2.go), top first.
@@ -100,7 +99,7 @@ def test_every_catalogued_type_has_the_layers_discovery_reads() -> None:
 def test_the_rendered_configmaps_hold_the_plugin_and_a_parseable_discovery_config() -> None:
     """As Helm 3.19.0 renders chart 1.15.1 with our values: the controller reads `volcano-controller.conf` into
     NetworkTopologyConfig (pkg/controllers/hypernode/config/loader.go), so it must parse to that mapping."""
-    release = next(r for r in plan_stack(stack_file(FLEET)).rendered.releases.values() if r.chart == "volcano")
+    release = next(r for r in planned(FLEET).rendered.releases.values() if r.chart == "volcano")
     maps = {obj["metadata"]["name"]: obj["data"] for obj in release.of_kind("ConfigMap")}
     controller = yaml.safe_load(maps[f"{release.name}-controller-configmap"]["volcano-controller.conf"])
     assert controller == _custom()["controller_config_override"]

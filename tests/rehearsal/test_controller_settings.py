@@ -11,17 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import FLEET, planned
 from trainyard.names import CILIUM_AGENT_NOT_READY_TAINT_KEY
 from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.rendering import RenderedStack
-from trainyard.plan.runtime import StackPlan, plan_stack, read_stack
+from trainyard.plan.runtime import StackPlan
 
 
 @pytest.fixture(scope="module")
 def fleet() -> StackPlan:
     """The tests' own prod-like AWS stack: Karpenter with NodeOverlays on, Cilium, tainted node groups."""
-    return plan_stack(read_stack("fleet", OWNED_STACKS))
+    return planned(FLEET)
 
 
 def _edited(rendered: RenderedStack, release: str, change: Callable[[dict[str, Any]], None]) -> RenderedStack:

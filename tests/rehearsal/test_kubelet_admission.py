@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from owned_stacks import recording as stack_recording
 from rehearsal_records import (
     GPU_TAINT,
     cilium,
@@ -36,7 +37,7 @@ from trainyard.plan.rules.kubelet_admission import (
     numa_nodes,
     user_data_kubelet,
 )
-from trainyard.plan.runtime import available_stacks, read_stack, render, settings_of
+from trainyard.plan.runtime import STACKS_DIR, available_stacks, read_stack, settings_of
 
 RULE = "kubelet-admits-pod"
 GPU, EFA = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
@@ -144,7 +145,7 @@ def _restricted_gpu_classes(stack: Recording) -> Recording:
 
 @pytest.mark.parametrize("stack", available_stacks())
 def test_every_job_of_every_stack_is_admitted_and_restricted_would_refuse_the_fabric_check(stack: str) -> None:
-    recording_ = render(read_stack(stack))
+    recording_ = stack_recording((stack, STACKS_DIR))
     assert not [f for f in rehearsed(recording_).findings if f.rule == RULE]
     checks = [r for r in recording_.resources if r.type.endswith("batch.volcano.sh/v1alpha1:Job")
               and (r.inputs.get("metadata") or {}).get("labels", {}).get("trainyard.io/check") == "fabric"]

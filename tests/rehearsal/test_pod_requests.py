@@ -7,12 +7,11 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from owned_stacks import OWNED_STACKS
+from owned_stacks import FLEET, recording
 from rehearsal_records import rehearsed
 from trainyard.plan.pods import operated, requests_of
 from trainyard.plan.recording import Recording
 from trainyard.plan.resource_types import VOLCANO_JOB
-from trainyard.plan.runtime import read_stack, render
 from trainyard.plan.volcano_jobs import task_pods
 
 ACCELERATORS = ("nvidia.com/", "vpc.amazonaws.com/efa")
@@ -56,7 +55,7 @@ def _limits_only(recording: Recording, gpus: int | None = None) -> Recording:
 
 
 def test_the_rehearsal_reads_accelerators_asked_for_by_limits() -> None:
-    fleet = render(read_stack("fleet", OWNED_STACKS))
+    fleet = recording(FLEET)
     jobs = [r for r in fleet.resources if r.type == VOLCANO_JOB]
     moved = {r.urn: r for r in _limits_only(fleet).resources if r.type == VOLCANO_JOB}
     assert any(r for job in jobs for pod, _ in task_pods(job) for r in pod.requests if r.startswith(ACCELERATORS))

@@ -6,7 +6,6 @@ lacked, a value it set), so each test keeps working whatever shape the fix took.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, recording
 from rehearsal_records import Match, edited, rehearsed
 from trainyard.config import Settings
 from trainyard.config.instance_types import INSTANCE_TYPES
@@ -38,9 +37,8 @@ FLEET: Stack = ("fleet", OWNED_STACKS)
 LAPTOP: Stack = ("laptop", OWNED_STACKS)
 
 
-@functools.cache
 def rendered(stack: Stack) -> Recording:
-    return render(read_stack(*stack))
+    return recording(stack)
 
 
 def fresh(stack: Stack = FLEET) -> Recording:

@@ -3,14 +3,13 @@ copy of a stack (the stack is picked by what it has, never by name)."""
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, recording
 from rehearsal_records import Match, edited, rec, rehearsed
 from trainyard.paths import REPO_ROOT
 from trainyard.plan.cluster_state import cluster_state
@@ -22,19 +21,17 @@ from trainyard.plan.rehearse import Finding
 from trainyard.plan.rendering import RELEASE, RenderedRelease, RenderedStack, chart_name, render_releases
 from trainyard.plan.rules import custom_resources
 from trainyard.plan.rules.base import Moment
-from trainyard.plan.runtime import available_stacks, read_stack, render
+from trainyard.plan.runtime import STACKS_DIR, available_stacks
 from trainyard.platform.registry import load_registry
 
 
-@functools.cache
 def recorded(stack: str) -> Recording:
-    return render(read_stack(stack))
+    return recording((stack, STACKS_DIR))
 
 
-@functools.cache
 def owned(stack: str) -> Recording:
     """A stack the tests own (tests/fixtures/stacks): fleet is AWS with every add-on, laptop the local one."""
-    return render(read_stack(stack, OWNED_STACKS))
+    return recording((stack, OWNED_STACKS))
 
 
 

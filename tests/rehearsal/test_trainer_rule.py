@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 from types import SimpleNamespace
 
 import pytest
+from owned_stacks import planned as planned_stack
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.plan.cluster_state import cluster_state
 from trainyard.plan.recording import ResourceRecord
 from trainyard.plan.rules.registry import RULES
-from trainyard.plan.runtime import StackPlan, available_stacks, plan_stack, read_stack
+from trainyard.plan.runtime import STACKS_DIR, StackPlan, available_stacks
 from trainyard.plan.trainer_check import device_memory, trainer_problem
 from trainyard_train.planner import gpu_memory_bytes
 
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 
 
-@functools.cache
 def planned(stack: str) -> StackPlan:
-    return plan_stack(read_stack(stack))
+    return planned_stack((stack, STACKS_DIR))
 
 
 def problems(plan: StackPlan, jobs: list[ResourceRecord] | None = None) -> dict[str, str | None]:

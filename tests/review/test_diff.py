@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import subprocess
 from collections.abc import Iterable
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from owned_stacks import OWNED_STACKS
+from owned_stacks import OWNED_STACKS, recording
 from review_support import REPO_ROOT, STACKS, rendered
 from trainyard.config.mig import load_mig_catalog
 from trainyard.plan.capacity import pool_capacity
@@ -25,9 +24,8 @@ FLEET = read_stack("fleet", OWNED_STACKS)  # the tests' own stack: the edits bel
 SAMPLE = next((s for s in STACKS if read_stack(s).values.get(f"{PROJECT}:target") == "local"), STACKS[0])
 
 
-@functools.cache
 def _fleet_resources() -> tuple[ResourceRecord, ...]:
-    return tuple(render(FLEET).resources)
+    return tuple(recording(("fleet", OWNED_STACKS)).resources)
 
 
 def fleet() -> StackRender:

@@ -8,15 +8,13 @@ from each stack's settings and rendered objects.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
-from owned_stacks import Stack, stack_file, stack_settings, stacks_where
+from owned_stacks import Stack, recording, stack_settings, stacks_where
 from trainyard.config.rules import INTERRUPTION_REACTION_SECONDS, SPOT_NOTICE_SECONDS
 from trainyard.names import POOL_LABEL
 from trainyard.plan.recording import Recording
-from trainyard.plan.runtime import render
 
 JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -24,9 +22,8 @@ NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 AWS_STACKS = stacks_where(lambda s: s.is_aws)
 
 
-@functools.cache
 def _program(stack: Stack) -> Recording:
-    return render(stack_file(stack))
+    return recording(stack)
 
 
 def _flag(args: list[str], prefix: str) -> int:
