@@ -12,6 +12,7 @@ fails (exit 1) on the first resource that would hang or fail.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -233,4 +234,8 @@ def _progress(stack: str, recording: Recording) -> Iterator[None]:
 
 
 if __name__ == "__main__":
+    # A plan makes and keeps hundreds of thousands of objects until it exits seconds later: at the default thresholds
+    # the cyclic collector walked them all 8 times in `plan --stack prod --rehearse` (1.6 of 5.5 CPU-s); collecting
+    # once per 200k new objects costs 0.2 CPU-s and 8 MB more at most.
+    gc.set_threshold(200_000, 30, 30)
     sys.exit(main())
