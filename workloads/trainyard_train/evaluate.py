@@ -125,15 +125,23 @@ def measure(model: DecoderLM, reader: ShardReader, records: int, device: torch.d
             logits.float().flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
     one = tokens[:1]
     timings = []
-    for run in range(LATENCY_WARMUP + LATENCY_RUNS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        model(one)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if run >= LATENCY_WARMUP:
-            timings.append((time.perf_counter() - started) * 1000)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # One record's latency on one intra-op thread: with more, each op waits at the threads' barrier for a thread
+        # a busy host has not scheduled (a 0.45 ms forward took 6.6 ms with two threads sharing one loaded core).
+        torch.set_num_threads(1)
+    try:
+        for run in range(LATENCY_WARMUP + LATENCY_RUNS):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            model(one)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if run >= LATENCY_WARMUP:
+                timings.append((time.perf_counter() - started) * 1000)
+    finally:
+        torch.set_num_threads(threads)
     return Measured(accuracy=correct / total, loss=loss_sum / total, latency_ms=statistics.median(timings),
                     memory_bytes=_peak_memory(device), records=count)
 
