@@ -27,7 +27,8 @@ def free_port() -> int:
     """A port for a server this test starts later. Picked and closed, it could be handed to any process binding
     port 0 before ours binds it; one connection closed from the listening side leaves it in TIME_WAIT for a minute,
     during which the kernel hands it to nobody, while a server that sets SO_REUSEADDR (http.server, uvicorn,
-    torch's TCPStore) binds it at once."""
+    torch's TCPStore) binds it at once. One that does not (socketserver.TCPServer: allow_reuse_address = False)
+    gets EADDRINUSE for that minute."""
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
