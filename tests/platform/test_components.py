@@ -15,7 +15,13 @@ from trainyard.catalogue.charts import load_catalogue
 from trainyard.config.instance_types import INSTANCE_TYPES
 from trainyard.config.mig import load_mig_catalog
 from trainyard.config.model import Settings, TimeSlicing
-from trainyard.names import FABRIC_CHECK_NAMESPACE, FABRIC_CHECK_QUEUE, TENANT_GRAFANA_NAMESPACE
+from trainyard.names import (
+    FABRIC_CHECK_NAMESPACE,
+    FABRIC_CHECK_QUEUE,
+    MLFLOW_DATABASE_NAMESPACE,
+    MLFLOW_NAMESPACE,
+    TENANT_GRAFANA_NAMESPACE,
+)
 from trainyard.paths import PLATFORM_DIR
 from trainyard.plan.recording import SECRET, Recording, ResourceRecord
 from trainyard.plan.runtime import StackFile, render
@@ -112,7 +118,8 @@ def test_local_renders_kubernetes_network_policies() -> None:
     assert sorted(o["metadata"]["namespace"] for o in _objects(LAPTOP, "NetworkPolicy")
                   if o["metadata"]["name"] == DEFAULT_DENY_POLICY) == ["research"]
     addons = stack_settings(LAPTOP).addons
-    tracking = ["mlflow"] if addons.mlflow.enabled else []
+    # The tracking server, and its CloudNativePG database in a namespace of its own (no RDS without AWS).
+    tracking = [MLFLOW_NAMESPACE, MLFLOW_DATABASE_NAMESPACE] if addons.mlflow.enabled else []
     dashboards = [TENANT_GRAFANA_NAMESPACE] if addons.monitoring.enabled and addons.tenant_grafana.enabled else []
     assert sorted(o["metadata"]["name"] for o in _objects(LAPTOP, "Namespace")) == sorted(
         ["monitoring", "research", *tracking, *dashboards])
