@@ -41,7 +41,7 @@ from trainyard.config.mig import MigCatalog, load_mig_catalog
 from trainyard.config.model import GpuHealthSettings
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
-from trainyard.platform.kube import k8s_options, labels
+from trainyard.platform.kube import checkov_skips, k8s_options, labels
 from trainyard.platform.scheduling import startup_tolerations, tolerations_for
 
 SCRIPT = PLATFORM_DIR / "gpu-health" / "gpu-health-check.sh"
@@ -69,17 +69,14 @@ CACHE_PARENT = posixpath.dirname(CACHE_MOUNT)
 
 # Why the DaemonSet does not pass these Checkov checks (checkov.io/skip<N> annotations, tests/review).
 _PRIVILEGED = "the probe container runs DCGM diagnostics on the GPUs, which needs a privileged container"
-CHECKOV_SKIPS = {
-    f"checkov.io/skip{i}": f"{check}={reason}"
-    for i, (check, reason) in enumerate((
-        ("CKV_K8S_8", "a run-once check with nothing to probe: its outcome is the node's taint and label"),
-        ("CKV_K8S_9", "a run-once check with nothing to probe: its outcome is the node's taint and label"),
-        ("CKV_K8S_43", "tags taken from upstream release data; no digest could be verified offline"),
-        ("CKV_K8S_16", _PRIVILEGED), ("CKV_K8S_20", _PRIVILEGED), ("CKV_K8S_22", _PRIVILEGED),
-        ("CKV_K8S_28", _PRIVILEGED), ("CKV_K8S_37", _PRIVILEGED),
-        ("CKV_K8S_38", "the wait and admit steps read and patch the node through the API server"),
-    ), start=1)
-}
+CHECKOV_SKIPS = checkov_skips((
+    ("CKV_K8S_8", "a run-once check with nothing to probe: its outcome is the node's taint and label"),
+    ("CKV_K8S_9", "a run-once check with nothing to probe: its outcome is the node's taint and label"),
+    ("CKV_K8S_43", "tags taken from upstream release data; no digest could be verified offline"),
+    ("CKV_K8S_16", _PRIVILEGED), ("CKV_K8S_20", _PRIVILEGED), ("CKV_K8S_22", _PRIVILEGED),
+    ("CKV_K8S_28", _PRIVILEGED), ("CKV_K8S_37", _PRIVILEGED),
+    ("CKV_K8S_38", "the wait and admit steps read and patch the node through the API server"),
+))
 
 
 # Why the reaper CronJob does not pass these.

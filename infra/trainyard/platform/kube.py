@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,11 @@ class HelmChart:
 
     pin: ChartPin
     base_values: Mapping[str, Any]
+
+
+def checkov_skips(reasons: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Checkov's skip annotations, `checkov.io/skip<N>: <check>=<why>`, one per (check, why), numbered from 1."""
+    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(reasons, start=1)}
 
 
 def labels(name: str, component: str, **extra: str) -> dict[str, str]:

@@ -57,7 +57,7 @@ from trainyard.paths import PLATFORM_DIR
 from trainyard.platform import mlflow_auth as auth
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.context import TenantFacts
-from trainyard.platform.kube import k8s_options, labels
+from trainyard.platform.kube import checkov_skips, k8s_options, labels
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
 from trainyard.platform.tenant_access import ui_access
@@ -128,7 +128,7 @@ _CHECKOV_REASONS = (
                    "(mlflow/cli/__init__.py, mlflow/server/__init__.py @ 3.17.2): a file would need a shell that puts "
                    "the URI on a command line"),
 )
-CHECKOV_SKIPS = {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(_CHECKOV_REASONS, 1)}
+CHECKOV_SKIPS = checkov_skips(_CHECKOV_REASONS)
 
 NetworkPolicyKind = Literal["cilium", "kubernetes"]
 

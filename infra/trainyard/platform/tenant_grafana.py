@@ -51,7 +51,7 @@ from trainyard.config import Settings
 from trainyard.paths import PLATFORM_DIR
 from trainyard.platform.addon import AddonCode, AddonContext
 from trainyard.platform.context import TenantFacts
-from trainyard.platform.kube import k8s_options, labels
+from trainyard.platform.kube import checkov_skips, k8s_options, labels
 from trainyard.platform.monitoring import DASHBOARDS_DIR
 from trainyard.platform.network_policy import CILIUM_API_VERSION
 from trainyard.platform.objects import custom_resource
@@ -117,7 +117,7 @@ _CHECKOV_REASONS = (
     ("CKV_K8S_40", "Grafana runs as its image's user 472, as the admins' Grafana does (kube-prometheus-stack 88.5.3 "
                    "charts/grafana/values.yaml securityContext); another UID has not been tried here"),
 )
-CHECKOV_SKIPS = {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(_CHECKOV_REASONS, 1)}
+CHECKOV_SKIPS = checkov_skips(_CHECKOV_REASONS)
 
 
 @dataclass(frozen=True)

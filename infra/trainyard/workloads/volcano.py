@@ -42,6 +42,7 @@ from typing import Any
 import pulumi
 
 from trainyard.config.model import Job
+from trainyard.platform.kube import checkov_skips
 from trainyard.workloads.args import TrainingJobArgs
 from trainyard.workloads.launch import CONFIG_ERROR_EXIT_CODE, STORE_LOST_EXIT_CODE, WORKER_TASK
 from trainyard.workloads.pod import job_labels
@@ -52,10 +53,8 @@ SCHEDULER = "volcano"
 # Checkov reads a batch/v1 Job's spec.template; a Volcano Job keeps its pods in spec.tasks[].template, where
 # these settings are made (pod.POD_SECURITY and the container securityContext), so Checkov cannot see them.
 _UNSEEN = "set in spec.tasks[].template, which checkov does not read for Volcano Jobs"
-CHECKOV_SKIPS = {
-    f"checkov.io/skip{i}": f"{check}={_UNSEEN}"
-    for i, check in enumerate(("CKV_K8S_23", "CKV_K8S_29", "CKV_K8S_31", "CKV_K8S_38", "CKV_K8S_40"), start=1)
-}
+CHECKOV_SKIPS = checkov_skips((check, _UNSEEN) for check in ("CKV_K8S_23", "CKV_K8S_29", "CKV_K8S_31", "CKV_K8S_38",
+                                                              "CKV_K8S_40"))
 # Volcano's admission webhook refuses any change to a Job's spec but minAvailable, tasks[*].replicas and
 # priorityClassName (validateJobUpdate, pkg/webhooks/admission/jobs/validate/admit_job.go @v1.15.1): an update in
 # place (a new image, a networkTopology) would fail `pulumi up`. Pulumi replaces the Job instead, deleting the old
